@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv on first use
+# and installs vspyre (with its C++ part) against torch 2.13.0 CPU, pinned in constraints.txt.
+# A second `make` reinstalls only when the build inputs changed (the .installed stamp).
+
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+BUILD_INPUTS := pyproject.toml setup.py constraints.txt $(wildcard src/vspyre/device/csrc/*.cpp)
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench install clean
+
+demo: $(STAMP)
+	$(BIN)/vspyre demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_fallback.py
+	@if [ -f benchmarks/bench_runtime.py ]; then $(BIN)/python benchmarks/bench_runtime.py; fi
+
+install: $(STAMP)
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python $(BUILD_INPUTS)
+	$(PIP) torch==2.13.0 "setuptools>=68" wheel ninja
+	$(PIP) --no-build-isolation -e ".[test,models,plots]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info src/vspyre/device/*.so

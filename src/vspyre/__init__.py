@@ -1,0 +1,23 @@
+"""vspyre: a virtual Spyre-class AI accelerator for PyTorch.
+
+Layers (imports go one way, downwards in this list):
+
+* ``vspyre.hardware``, ``vspyre.numerics``, ``vspyre.trace`` - the card's numbers, its fp16
+  numerics, the events it reports;
+* ``vspyre.device`` - the PyTorch device ``spyre`` (C++ allocator/guard/hooks, host fallback,
+  the ``torch.spyre`` module);
+* ``vspyre.ir`` - tile programs, the op registry (semantics and cost), planning helpers;
+* ``vspyre.runtime`` - executes tile programs; latency model; profiler.
+"""
+
+__version__ = "0.1.0"
+
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at ``import torch`` (group ``torch.backends``)."""
+    from .device import register
+
+    register()
+
+
+_autoload()

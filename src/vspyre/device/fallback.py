@@ -1,0 +1,317 @@
+"""The host fallback: every ATen op without a device kernel runs on the host, counted.
+
+Device memory on the virtual card is host memory, so the fallback runs the CPU kernel directly
+on *aliases* of the device tensors (``host_view``): an in-place op writes the device bytes, and
+an op that returns a view of an input returns a device view of the same storage. Only fresh
+results are copied to the card. Every call is counted per op (:func:`stats`); the mode decides
+what else happens:
+
+* ``"allow"`` (default): run, count;
+* ``"warn"``: run, count, and warn once per op;
+* ``"strict"``: raise ``NotImplementedError`` naming the op (the device stays usable).
+
+The mode comes from ``VSPYRE_FALLBACK`` or :func:`set_mode` / the :func:`mode` context manager.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+import warnings
+from typing import Any, Iterator
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import trace
+from . import _C
+
+MODES = ("allow", "warn", "strict")
+
+_lock = threading.Lock()
+_counts: collections.Counter[str] = collections.Counter()
+_time_ns: collections.Counter[str] = collections.Counter()
+_warned: set[str] = set()
+_mode = os.environ.get("VSPYRE_FALLBACK", "allow")
+_local = threading.local()   # .context: "eager" or "compiled" (set by compiled-graph wrappers)
+if _mode not in MODES:
+    raise ValueError(f"VSPYRE_FALLBACK={_mode!r}: expected one of {MODES}")
+
+
+class HostFallbackError(NotImplementedError):
+    """Raised in strict mode when an op would run on the host."""
+
+
+def set_mode(mode: str) -> str:
+    """Set the fallback mode (``allow``, ``warn``, ``strict``); returns the previous one."""
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"spyre fallback mode must be one of {MODES}, got {mode!r}")
+    prev, _mode = _mode, mode
+    return prev
+
+
+def get_mode() -> str:
+    return _mode
+
+
+@contextlib.contextmanager
+def mode(m: str) -> Iterator[None]:
+    prev = set_mode(m)
+    try:
+        yield
+    finally:
+        set_mode(prev)
+
+
+@contextlib.contextmanager
+def context(name: str) -> Iterator[None]:
+    """Label fallbacks that happen inside (``"compiled"`` for compiled graphs)."""
+    prev = getattr(_local, "context", "eager")
+    _local.context = name
+    try:
+        yield
+    finally:
+        _local.context = prev
+
+
+def stats() -> dict[str, int]:
+    """How often each op ran as a host fallback since the last reset, most frequent first."""
+    with _lock:
+        return dict(_counts.most_common())
+
+
+def time_stats() -> dict[str, float]:
+    """Host wall time (seconds) spent in each fallback op since the last reset."""
+    with _lock:
+        return {k: v / 1e9 for k, v in _time_ns.most_common()}
+
+
+def reset_stats() -> None:
+    with _lock:
+        _counts.clear()
+        _time_ns.clear()
+        _warned.clear()
+
+
+# -- the fallback -------------------------------------------------------------------------
+
+def _is_spyre(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "spyre"
+
+
+def _device_error(a: torch.device, b: torch.device, op: str) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{a} and {b}! (when checking arguments for {op})")
+
+
+def _check_devices(op: torch._ops.OpOverload, name: str, args: tuple, kwargs: dict) -> torch.device | None:
+    """The one spyre device the op runs on; CUDA's error when tensors are on different devices.
+
+    As on CUDA, 0-dim CPU tensors pass as scalars, and CPU index tensors are accepted where an
+    op takes a list of optional index tensors (``x[idx]``).
+    """
+    found: torch.device | None = None
+    other: torch.device | None = None
+    schema_args = op._schema.arguments
+    values = list(args) + [kwargs[a.name] for a in schema_args[len(args):] if a.name in kwargs]
+    for arg_schema, value in zip(schema_args, values):
+        is_index_list = "Tensor?[]" in str(arg_schema.type)
+        for t in pytree.tree_leaves(value):
+            if not isinstance(t, torch.Tensor):
+                continue
+            if t.device.type == "spyre":
+                if found is None:
+                    found = t.device
+                elif t.device != found:
+                    raise _device_error(found, t.device, name)
+            elif not (t.dim() == 0 or is_index_list):
+                other = t.device
+    if found is not None and other is not None:
+        raise _device_error(found, other, name)
+    return found
+
+
+def _op_name(op: torch._ops.OpOverload) -> str:
+    return op.name() if hasattr(op, "name") else str(op)
+
+
+def _note(name: str, dev_index: int, t0: int, t1: int) -> None:
+    with _lock:
+        _counts[name] += 1
+        _time_ns[name] += t1 - t0
+        first = name not in _warned
+        if first:
+            _warned.add(name)
+    if _mode == "warn" and first:
+        warnings.warn(f"spyre: {name} has no device kernel and ran on the host (host fallback)",
+                      stacklevel=3)
+    if trace.listening():
+        trace.publish(trace.FallbackEvent(op=name, device=dev_index, host_start_ns=t0, host_end_ns=t1,
+                                          context=getattr(_local, "context", "eager")))
+
+
+def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    name = _op_name(op)
+    if _mode == "strict":
+        raise HostFallbackError(
+            f"spyre: {name} has no device kernel and would run on the host; strict fallback mode "
+            f"forbids that (torch.spyre.set_fallback_mode('allow') permits it)")
+    t0 = time.perf_counter_ns()
+    device = _check_devices(op, name, args, kwargs)
+    target = device
+    if target is None:  # a factory op: device=spyre in kwargs
+        dev_kw = kwargs.get("device")
+        if dev_kw is not None and torch.device(dev_kw).type == "spyre":
+            target = torch.device(dev_kw)
+            if target.index is None:
+                target = torch.device("spyre", _C._current_device())
+            kwargs = dict(kwargs, device=torch.device("cpu"))
+    if target is None:
+        target = torch.device("spyre", _C._current_device())
+    dev_index = target.index if target.index is not None else _C._current_device()
+
+    # device tensor -> host alias (and remember which host alias stands for which device tensor)
+    host_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(host alias) -> (alias, device)
+
+    def to_host(x: Any) -> Any:
+        if _is_spyre(x):
+            h = _C._host_view(x)
+            host_of[id(h)] = (h, x)
+            return h
+        return x
+
+    h_args, h_kwargs = pytree.tree_map(to_host, (args, kwargs))
+    gen_sync = _swap_generator(op, h_args, h_kwargs, dev_index)
+
+    prev_dev = _C._current_device()
+    _C._set_device(dev_index)
+    try:
+        try:
+            out = op(*h_args, **h_kwargs)
+        except RuntimeError as e:
+            if "not resizable" not in str(e):
+                raise
+            out = _run_with_resizable_outputs(op, h_args, h_kwargs, host_of)
+        if gen_sync is not None:
+            gen_sync()
+        _sync_mutated_metadata(op, h_args, h_kwargs, host_of)
+        result = _to_device(out, host_of, target, name)
+    finally:
+        _C._set_device(prev_dev)
+    _note(name, dev_index, t0, time.perf_counter_ns())
+    return result
+
+
+def _swap_generator(op: torch._ops.OpOverload, h_args: list, h_kwargs: dict, dev_index: int):
+    """Random ops draw from the card's generator (seeded by torch.spyre.manual_seed)."""
+    names = [a.name for a in op._schema.arguments]
+    if "generator" not in names:
+        return None
+    pos = names.index("generator")
+    if pos < len(h_args):
+        gen = h_args[pos]
+    else:
+        gen = h_kwargs.get("generator")
+    if gen is None:
+        gen = _C._default_generator(dev_index)
+    if gen.device.type != "spyre":
+        return None
+    cpu_gen = torch.Generator()
+    cpu_gen.set_state(gen.get_state())
+    if pos < len(h_args):
+        h_args[pos] = cpu_gen
+    else:
+        h_kwargs["generator"] = cpu_gen
+    return lambda: gen.set_state(cpu_gen.get_state())
+
+
+def _mutable_args(op: torch._ops.OpOverload, h_args: list, h_kwargs: dict) -> list[tuple[int | str, torch.Tensor]]:
+    out = []
+    for i, a in enumerate(op._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = h_args[i] if i < len(h_args) else h_kwargs.get(a.name)
+        for t in pytree.tree_leaves(v):
+            if isinstance(t, torch.Tensor):
+                out.append((i if i < len(h_args) else a.name, t))
+    return out
+
+
+def _sync_mutated_metadata(op, h_args, h_kwargs, host_of) -> None:
+    """An op that resized or restrided an output inside its storage: mirror it on the device."""
+    for _, h in _mutable_args(op, h_args, h_kwargs):
+        if id(h) not in host_of:
+            continue
+        d = host_of[id(h)][1]
+        if h.size() != d.size() or h.stride() != d.stride() or h.storage_offset() != d.storage_offset():
+            with torch.no_grad():
+                d.set_(d.untyped_storage(), h.storage_offset(), h.size(), h.stride())
+
+
+def _run_with_resizable_outputs(op, h_args, h_kwargs, host_of):
+    """Retry with host copies for outputs that must grow, then write them back to the card."""
+    swapped = []
+    for key, h in _mutable_args(op, h_args, h_kwargs):
+        if id(h) not in host_of:
+            continue
+        d = host_of[id(h)][1]
+        # The failed attempt may have left h with sizes its storage cannot hold: never read it.
+        # Ops that resize an output overwrite it, so an empty host tensor stands in.
+        fresh = torch.empty(0, dtype=h.dtype)
+        if isinstance(key, int) and h_args[key] is h:
+            h_args[key] = fresh
+        elif isinstance(key, str) and h_kwargs.get(key) is h:
+            h_kwargs[key] = fresh
+        else:
+            continue
+        swapped.append((d, fresh))
+        host_of[id(fresh)] = (fresh, d)
+    out = op(*h_args, **h_kwargs)
+    with torch.no_grad():
+        for d, fresh in swapped:
+            d.resize_(fresh.size())
+            if d.stride() != fresh.stride():
+                d.as_strided_(fresh.size(), fresh.stride())
+            _C._host_view(d).copy_(fresh)
+    return out
+
+
+def _storage_span(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def _to_device(out: Any, host_of: dict[int, tuple[torch.Tensor, torch.Tensor]], target: torch.device,
+               name: str) -> Any:
+    spans = None
+
+    def back(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        nonlocal spans
+        hit = host_of.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]                   # in-place / out= op returned its argument
+        if x.device.type == "cpu" and x.untyped_storage().nbytes() > 0:
+            p = x.untyped_storage().data_ptr()
+            if spans is None:
+                spans = [(_storage_span(h), d) for h, d in host_of.values()]
+            for (lo, hi), dev in spans:
+                if lo <= p < hi:            # a view of an input: same bytes on the card
+                    view = torch.empty(0, dtype=x.dtype, device=dev.device)
+                    byte_off = p - lo
+                    view.set_(dev.untyped_storage(), byte_off // x.element_size() + x.storage_offset(),
+                              x.size(), x.stride())
+                    return view
+        if x.dtype in (torch.float64, torch.complex64, torch.complex128):
+            raise TypeError(f"spyre: {name} produced a {x.dtype} result, a dtype the card does not "
+                            f"support; compute in float32 instead")
+        return x.to(target)
+
+    return pytree.tree_map(back, out)
+

@@ -1,0 +1,287 @@
+"""The virtual card's hardware description: one dataclass with every number of the card.
+
+Every number any layer of vspyre uses (device capacity, core count, scratchpad size, bandwidths,
+clock, cost-model constants) is read from the active :class:`HardwareConfig`. Nothing else in the
+package hard-codes a number of the card.
+
+Two public estimate sets exist (see ``docs/hardware.md``) and ship as presets:
+
+* ``torch-spyre`` (the default): the constants of torch-spyre's own work-division cost model
+  (204.8 GB/s device memory, 98.304 TFLOP/s fp16 = 4096 PEs x 8 lanes x 2 x 1.5 GHz). It is the
+  default because it is the set the real compiler plans with, so plans made against it are the
+  ones a user of the real card would see.
+* ``ktir-cpu``: the defaults of the KTIR CPU interpreter (1.0 GHz, 128 GB/s, 64 GB/s ring, 64
+  fp16 vector lanes). A more conservative card.
+
+Choosing and overriding, in order of precedence (later wins):
+
+1. the preset named by ``VSPYRE_HW`` (a preset name, or a path to a TOML file);
+2. a TOML file: ``preset = "ktir-cpu"`` plus any field of :class:`HardwareConfig`, e.g.
+   ``device_memory_bytes = 1073741824``;
+3. ``VSPYRE_NUM_CARDS`` and ``VSPYRE_NUMERICS`` for the two settings users change most;
+4. :func:`configure` / :func:`override` in-process (tests use these to simulate a small card).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Iterator
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+NUMERICS = ("dl16", "ieee")
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """Every number of one virtual Spyre-class card. ``est.`` in a field's doc means guessed.
+
+    All sizes are bytes, all rates per second, all times in the unit the name says.
+    """
+
+    name: str = field(default="torch-spyre", metadata={"doc": "preset name", "source": "-"})
+    num_cards: int = field(default=1, metadata={
+        "doc": "cards (devices spyre:0..N-1) in this process", "source": "vspyre setting"})
+
+    # -- cores and compute ---------------------------------------------------------------
+    num_cores: int = field(default=32, metadata={
+        "doc": "AI cores per card", "source": "IBM; torch-spyre docs (key concepts)"})
+    corelets_per_core: int = field(default=2, metadata={
+        "doc": "corelets per core, each a systolic array + vector unit",
+        "source": "torch-spyre docs (architecture)"})
+    systolic_rows: int = field(default=8, metadata={
+        "doc": "rows of the systolic PE array per corelet", "source": "torch-spyre docs; IBM tech note"})
+    systolic_cols: int = field(default=8, metadata={
+        "doc": "columns of the systolic PE array per corelet", "source": "torch-spyre docs; IBM tech note"})
+    pe_simd_lanes: int = field(default=8, metadata={
+        "doc": "fp16 lanes per PE (one FMA each per cycle)",
+        "source": "derived: 98.304 TFLOP/s = 4096 PEs x 8 lanes x 2 x 1.5 GHz"})
+    vector_lanes: int = field(default=64, metadata={
+        "doc": "fp16 lanes of the 1-D vector unit (SFP) per corelet",
+        "source": "est.: KTIR CPU interpreter default (64)"})
+    clock_hz: float = field(default=1.5e9, metadata={
+        "doc": "core clock", "source": "est. 1.5 GHz (makes the published fp16 peak come out)"})
+    transcendental_factor: float = field(default=4.0, metadata={
+        "doc": "vector cycles of one exp/log/tanh/... lane-op relative to an add",
+        "source": "est."})
+    int8_speedup: float = field(default=2.0, metadata={
+        "doc": "int8/fp8 systolic throughput relative to fp16", "source": "derived (~197 TOP/s)"})
+    systolic_fill_cycles: int = field(default=16, metadata={
+        "doc": "cycles to fill and drain the systolic pipeline per matmul tile",
+        "source": "est.: rows + cols of the 8x8 array"})
+
+    # -- memories ------------------------------------------------------------------------
+    scratchpad_bytes: int = field(default=2 * MiB, metadata={
+        "doc": "scratchpad (LX) SRAM per core", "source": "torch-spyre docs (scratchpad planning)"})
+    scratchpad_reserve_fraction: float = field(default=0.2, metadata={
+        "doc": "share of the scratchpad the planner keeps in reserve",
+        "source": "torch-spyre docs: the real compiler keeps 20%"})
+    stick_bytes: int = field(default=128, metadata={
+        "doc": "unit of transfer between device memory and scratchpad, and allocation alignment",
+        "source": "torch-spyre docs (data layout)"})
+    device_memory_bytes: int = field(default=128 * GiB, metadata={
+        "doc": "LPDDR5 per card", "source": "IBM"})
+    ecc_bytes: int = field(default=16 * GiB, metadata={
+        "doc": "part of device memory held for ECC (not allocatable)", "source": "IBM; torch-spyre docs"})
+    max_span_bytes: int = field(default=256 * MiB, metadata={
+        "doc": "contiguous device memory one core can address", "source": "torch-spyre (MAX_SPAN_BYTES)"})
+
+    # -- bandwidths ----------------------------------------------------------------------
+    device_memory_bandwidth: float = field(default=204.8e9, metadata={
+        "doc": "aggregate device-memory bandwidth (bytes/s)",
+        "source": "constant of torch-spyre's work-division cost model"})
+    ring_bandwidth: float = field(default=192e9, metadata={
+        "doc": "ring between cores, per direction (bytes/s)",
+        "source": "torch-spyre docs: 128 B/cycle per direction; est. at 1.5 GHz"})
+    host_link_bandwidth: float = field(default=64e9, metadata={
+        "doc": "host <-> card link per direction (bytes/s)", "source": "IBM: PCIe Gen5 x16, theoretical"})
+    ring_hop_cycles: int = field(default=4, metadata={
+        "doc": "latency of one ring hop in cycles", "source": "est."})
+
+    # -- runtime -------------------------------------------------------------------------
+    kernel_launch_us: float = field(default=5.0, metadata={
+        "doc": "fixed cost of launching one kernel on the card (microseconds)", "source": "est."})
+    dma_setup_cycles: int = field(default=64, metadata={
+        "doc": "fixed cost of one DMA descriptor (cycles)", "source": "est."})
+    numerics: str = field(default="dl16", metadata={
+        "doc": "'dl16': fp16 written by device kernels is rounded to IBM DLFloat16 (1-6-9);"
+               " 'ieee': plain IEEE fp16", "source": "IBM J. Res. Dev.; torch-spyre maps fp16 to DL16"})
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise ValueError(f"hardware config: {f.name} must be >= 0, got {v}")
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"hardware config: numerics must be one of {NUMERICS}, got {self.numerics!r}")
+        if self.num_cards < 1:
+            raise ValueError(f"hardware config: num_cards must be >= 1, got {self.num_cards}")
+        if self.ecc_bytes > self.device_memory_bytes:
+            raise ValueError("hardware config: ecc_bytes exceeds device_memory_bytes")
+        if self.stick_bytes <= 0 or self.stick_bytes & (self.stick_bytes - 1):
+            raise ValueError(f"hardware config: stick_bytes must be a power of two, got {self.stick_bytes}")
+
+    # -- derived numbers (never stored, so they cannot disagree) ----------------------------
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Allocatable bytes per card: device memory minus ECC."""
+        return self.device_memory_bytes - self.ecc_bytes
+
+    @property
+    def scratchpad_usable_bytes(self) -> int:
+        """Scratchpad bytes per core the tile planner may fill."""
+        return int(self.scratchpad_bytes * (1.0 - self.scratchpad_reserve_fraction))
+
+    @property
+    def pes_per_core(self) -> int:
+        return self.corelets_per_core * self.systolic_rows * self.systolic_cols
+
+    @property
+    def matmul_flops_per_cycle_per_core(self) -> int:
+        """fp16 FLOPs (multiply and add counted apart) one core's systolic arrays do per cycle."""
+        return self.pes_per_core * self.pe_simd_lanes * 2
+
+    @property
+    def vector_ops_per_cycle_per_core(self) -> int:
+        """Elementwise lane-ops one core's vector units retire per cycle."""
+        return self.corelets_per_core * self.vector_lanes
+
+    @property
+    def peak_fp16_flops(self) -> float:
+        """Card peak for fp16 matmul (FLOP/s)."""
+        return self.matmul_flops_per_cycle_per_core * self.num_cores * self.clock_hz
+
+    @property
+    def peak_int8_ops(self) -> float:
+        return self.peak_fp16_flops * self.int8_speedup
+
+    @property
+    def core_memory_bandwidth(self) -> float:
+        """One core's share of device-memory bandwidth when all cores stream (bytes/s)."""
+        return self.device_memory_bandwidth / self.num_cores
+
+    def stick_elems(self, itemsize: int) -> int:
+        """Elements of the given size in one stick (64 fp16, 32 fp32, 128 int8)."""
+        return max(1, self.stick_bytes // itemsize)
+
+    def describe(self) -> list[tuple[str, Any, str, str]]:
+        """(field, value, meaning, source) for every field, for docs and ``vspyre hw``."""
+        return [(f.name, getattr(self, f.name), f.metadata.get("doc", ""), f.metadata.get("source", ""))
+                for f in fields(self)]
+
+
+PRESETS: dict[str, HardwareConfig] = {
+    "torch-spyre": HardwareConfig(),
+    "ktir-cpu": HardwareConfig(
+        name="ktir-cpu",
+        clock_hz=1.0e9,
+        device_memory_bandwidth=128e9,
+        ring_bandwidth=64e9,
+        vector_lanes=64,
+        systolic_rows=8,
+        scratchpad_bytes=2 * MiB,
+    ),
+}
+DEFAULT_PRESET = "torch-spyre"
+
+_FIELD_NAMES = {f.name for f in fields(HardwareConfig)}
+
+
+def from_toml(path: str | os.PathLike) -> HardwareConfig:
+    """Load a config: ``preset = "..."`` (optional) plus any field to override."""
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    base = PRESETS[data.pop("preset", DEFAULT_PRESET)]
+    unknown = set(data) - _FIELD_NAMES
+    if unknown:
+        raise ValueError(f"hardware config {path}: unknown field(s) {sorted(unknown)}")
+    return replace(base, **data)
+
+
+def from_env(environ: dict[str, str] | None = None) -> HardwareConfig:
+    """The config the environment asks for (``VSPYRE_HW``, ``VSPYRE_NUM_CARDS``, ``VSPYRE_NUMERICS``)."""
+    env = os.environ if environ is None else environ
+    spec = env.get("VSPYRE_HW", DEFAULT_PRESET)
+    if spec in PRESETS:
+        cfg = PRESETS[spec]
+    elif os.path.exists(spec):
+        cfg = from_toml(spec)
+    else:
+        raise ValueError(f"VSPYRE_HW={spec!r} is neither a preset {sorted(PRESETS)} nor a TOML file")
+    over: dict[str, Any] = {}
+    if "VSPYRE_NUM_CARDS" in env:
+        over["num_cards"] = int(env["VSPYRE_NUM_CARDS"])
+    if "VSPYRE_NUMERICS" in env:
+        over["numerics"] = env["VSPYRE_NUMERICS"]
+    return replace(cfg, **over) if over else cfg
+
+
+_lock = threading.Lock()
+_active: HardwareConfig | None = None
+_listeners: list[Callable[[HardwareConfig], None]] = []
+
+
+def get_config() -> HardwareConfig:
+    """The active config (read from the environment on first use)."""
+    global _active
+    if _active is None:
+        with _lock:
+            if _active is None:
+                _active = from_env()
+    return _active
+
+
+def on_change(fn: Callable[[HardwareConfig], None]) -> None:
+    """Register a callback run whenever the active config changes (the device applies capacities)."""
+    _listeners.append(fn)
+
+
+def set_config(cfg: HardwareConfig) -> HardwareConfig:
+    """Make ``cfg`` the active config; returns the previous one."""
+    global _active
+    prev = get_config()
+    if cfg.num_cards != prev.num_cards and _device_started():
+        raise RuntimeError(
+            f"hardware config: num_cards cannot change from {prev.num_cards} to {cfg.num_cards} "
+            "after the spyre device has started; set VSPYRE_NUM_CARDS before importing torch")
+    _active = cfg
+    for fn in _listeners:
+        fn(cfg)
+    return prev
+
+
+def configure(**overrides: Any) -> HardwareConfig:
+    """Replace fields of the active config, e.g. ``configure(device_memory_bytes=1 << 30)``."""
+    return set_config(replace(get_config(), **overrides))
+
+
+@contextlib.contextmanager
+def override(**overrides: Any) -> Iterator[HardwareConfig]:
+    """``with override(device_memory_bytes=1 << 20): ...`` then the previous config comes back."""
+    prev = configure(**overrides)
+    try:
+        yield get_config()
+    finally:
+        set_config(prev)
+
+
+_device_started_flag = False
+
+
+def _device_started() -> bool:
+    return _device_started_flag
+
+
+def _mark_device_started() -> None:
+    global _device_started_flag
+    _device_started_flag = True
+
+
+def as_dict(cfg: HardwareConfig | None = None) -> dict[str, Any]:
+    return dataclasses.asdict(cfg or get_config())

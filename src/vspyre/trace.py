@@ -1,0 +1,79 @@
+"""Events the card reports while it works, and who listens.
+
+The device layer publishes a :class:`FallbackEvent` for every host fallback; the runtime
+publishes a :class:`KernelEvent` for every tile program it launches. The profiler
+(``vspyre.runtime.profiler``) subscribes to both. Publishing costs one list check when nobody
+listens, so it stays on the hot path.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One interval of estimated device time on one core (for the trace's per-core tracks)."""
+
+    core: int
+    kind: str          # "dma_in", "dma_out", "compute", "matmul", "ring", "launch"
+    start_us: float    # from the kernel's start
+    dur_us: float
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """A tile program ran on a card."""
+
+    name: str
+    device: int
+    host_start_ns: int
+    host_end_ns: int
+    est_us: float                 # estimated device time (slowest core + launch)
+    bottleneck: str               # "memory", "compute", "ring", "launch"
+    bytes_moved: int
+    flops: int
+    roofline_us: float
+    segments: tuple[Segment, ...] = ()
+    source: str = ""              # which compiler made it ("inductor", "standalone", "test", ...)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FallbackEvent:
+    """An ATen op ran on the host on behalf of the card."""
+
+    op: str
+    device: int
+    host_start_ns: int
+    host_end_ns: int
+    context: str = "eager"        # "eager", or "compiled" when a compiled graph called it
+
+
+Event = Union[KernelEvent, FallbackEvent]
+
+_lock = threading.Lock()
+_subscribers: list[Callable[[Event], None]] = []
+
+
+def subscribe(fn: Callable[[Event], None]) -> None:
+    with _lock:
+        _subscribers.append(fn)
+
+
+def unsubscribe(fn: Callable[[Event], None]) -> None:
+    with _lock:
+        if fn in _subscribers:
+            _subscribers.remove(fn)
+
+
+def listening() -> bool:
+    return bool(_subscribers)
+
+
+def publish(event: Event) -> None:
+    for fn in tuple(_subscribers):
+        fn(event)
