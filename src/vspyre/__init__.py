@@ -20,4 +20,8 @@ def _autoload() -> None:
     register()
 
 
+# `import torch` calls _autoload (entry point) when vspyre is installed; importing vspyre first
+# must work too, so _autoload is defined before torch is imported and called again (idempotent).
+import torch  # noqa: E402
+
 _autoload()

@@ -24,7 +24,6 @@ import warnings
 from typing import Any, Iterator
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import trace
 from . import _C
@@ -99,6 +98,53 @@ def reset_stats() -> None:
 
 # -- the fallback -------------------------------------------------------------------------
 
+def _map(fn: Any, x: Any) -> Any:
+    """Apply fn to every tensor in an op's arguments or results (tuples, lists, dicts)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(fn, v) for v in x) if not hasattr(x, "_fields") else type(x)(*(_map(fn, v) for v in x))
+    if isinstance(x, dict):
+        return {k: _map(fn, v) for k, v in x.items()}
+    return fn(x) if isinstance(x, torch.Generator) else x
+
+
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+
+
+class _OpInfo:
+    """What the fallback needs to know of an op's schema, computed once per op."""
+
+    __slots__ = ("name", "arg_names", "index_lists", "mutable", "generator_pos")
+
+    def __init__(self, op: torch._ops.OpOverload):
+        args = op._schema.arguments
+        self.name = op.name() if hasattr(op, "name") else str(op)
+        self.arg_names = [a.name for a in args]
+        self.index_lists = {i for i, a in enumerate(args) if str(a.type) == "List[Optional[Tensor]]"}
+        self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        self.generator_pos = self.arg_names.index("generator") if "generator" in self.arg_names else -1
+
+
+_op_infos: dict[Any, _OpInfo] = {}
+
+
+def _info(op: torch._ops.OpOverload) -> _OpInfo:
+    info = _op_infos.get(op)
+    if info is None:
+        info = _op_infos[op] = _OpInfo(op)
+    return info
+
+
+def _arg(info: _OpInfo, i: int, args: Any, kwargs: dict) -> Any:
+    return args[i] if i < len(args) else kwargs.get(info.arg_names[i])
+
+
 def _is_spyre(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "spyre"
 
@@ -109,7 +155,7 @@ def _device_error(a: torch.device, b: torch.device, op: str) -> RuntimeError:
         f"{a} and {b}! (when checking arguments for {op})")
 
 
-def _check_devices(op: torch._ops.OpOverload, name: str, args: tuple, kwargs: dict) -> torch.device | None:
+def _check_devices(info: _OpInfo, args: tuple, kwargs: dict) -> torch.device | None:
     """The one spyre device the op runs on; CUDA's error when tensors are on different devices.
 
     As on CUDA, 0-dim CPU tensors pass as scalars, and CPU index tensors are accepted where an
@@ -117,27 +163,21 @@ def _check_devices(op: torch._ops.OpOverload, name: str, args: tuple, kwargs: di
     """
     found: torch.device | None = None
     other: torch.device | None = None
-    schema_args = op._schema.arguments
-    values = list(args) + [kwargs[a.name] for a in schema_args[len(args):] if a.name in kwargs]
-    for arg_schema, value in zip(schema_args, values):
-        is_index_list = "Tensor?[]" in str(arg_schema.type)
-        for t in pytree.tree_leaves(value):
-            if not isinstance(t, torch.Tensor):
-                continue
+    for i in range(len(info.arg_names)):
+        value = _arg(info, i, args, kwargs)
+        if value is None or isinstance(value, (int, float, bool)):
+            continue
+        for t in _tensors(value):
             if t.device.type == "spyre":
                 if found is None:
                     found = t.device
                 elif t.device != found:
-                    raise _device_error(found, t.device, name)
-            elif not (t.dim() == 0 or is_index_list):
+                    raise _device_error(found, t.device, info.name)
+            elif not (t.dim() == 0 or i in info.index_lists):
                 other = t.device
     if found is not None and other is not None:
-        raise _device_error(found, other, name)
+        raise _device_error(found, other, info.name)
     return found
-
-
-def _op_name(op: torch._ops.OpOverload) -> str:
-    return op.name() if hasattr(op, "name") else str(op)
 
 
 def _note(name: str, dev_index: int, t0: int, t1: int) -> None:
@@ -156,13 +196,14 @@ def _note(name: str, dev_index: int, t0: int, t1: int) -> None:
 
 
 def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    name = _op_name(op)
+    info = _info(op)
+    name = info.name
     if _mode == "strict":
         raise HostFallbackError(
             f"spyre: {name} has no device kernel and would run on the host; strict fallback mode "
             f"forbids that (torch.spyre.set_fallback_mode('allow') permits it)")
     t0 = time.perf_counter_ns()
-    device = _check_devices(op, name, args, kwargs)
+    device = _check_devices(info, args, kwargs)
     target = device
     if target is None:  # a factory op: device=spyre in kwargs
         dev_kw = kwargs.get("device")
@@ -185,8 +226,9 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             return h
         return x
 
-    h_args, h_kwargs = pytree.tree_map(to_host, (args, kwargs))
-    gen_sync = _swap_generator(op, h_args, h_kwargs, dev_index)
+    h_args = [_map(to_host, a) for a in args]
+    h_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else {}
+    gen_sync = _swap_generator(info, h_args, h_kwargs, dev_index) if info.generator_pos >= 0 else None
 
     prev_dev = _C._current_device()
     _C._set_device(dev_index)
@@ -196,10 +238,11 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         except RuntimeError as e:
             if "not resizable" not in str(e):
                 raise
-            out = _run_with_resizable_outputs(op, h_args, h_kwargs, host_of)
+            out = _run_with_resizable_outputs(op, info, h_args, h_kwargs, host_of)
         if gen_sync is not None:
             gen_sync()
-        _sync_mutated_metadata(op, h_args, h_kwargs, host_of)
+        if info.mutable:
+            _sync_mutated_metadata(info, h_args, h_kwargs, host_of)
         result = _to_device(out, host_of, target, name)
     finally:
         _C._set_device(prev_dev)
@@ -207,16 +250,10 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-def _swap_generator(op: torch._ops.OpOverload, h_args: list, h_kwargs: dict, dev_index: int):
+def _swap_generator(info: _OpInfo, h_args: list, h_kwargs: dict, dev_index: int):
     """Random ops draw from the card's generator (seeded by torch.spyre.manual_seed)."""
-    names = [a.name for a in op._schema.arguments]
-    if "generator" not in names:
-        return None
-    pos = names.index("generator")
-    if pos < len(h_args):
-        gen = h_args[pos]
-    else:
-        gen = h_kwargs.get("generator")
+    pos = info.generator_pos
+    gen = _arg(info, pos, h_args, h_kwargs)
     if gen is None:
         gen = _C._default_generator(dev_index)
     if gen.device.type != "spyre":
@@ -230,21 +267,18 @@ def _swap_generator(op: torch._ops.OpOverload, h_args: list, h_kwargs: dict, dev
     return lambda: gen.set_state(cpu_gen.get_state())
 
 
-def _mutable_args(op: torch._ops.OpOverload, h_args: list, h_kwargs: dict) -> list[tuple[int | str, torch.Tensor]]:
+def _mutable_args(info: _OpInfo, h_args: list, h_kwargs: dict) -> list[tuple[int | str, torch.Tensor]]:
     out = []
-    for i, a in enumerate(op._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        v = h_args[i] if i < len(h_args) else h_kwargs.get(a.name)
-        for t in pytree.tree_leaves(v):
-            if isinstance(t, torch.Tensor):
-                out.append((i if i < len(h_args) else a.name, t))
+    for i in info.mutable:
+        key = i if i < len(h_args) else info.arg_names[i]
+        for t in _tensors(_arg(info, i, h_args, h_kwargs)):
+            out.append((key, t))
     return out
 
 
-def _sync_mutated_metadata(op, h_args, h_kwargs, host_of) -> None:
+def _sync_mutated_metadata(info, h_args, h_kwargs, host_of) -> None:
     """An op that resized or restrided an output inside its storage: mirror it on the device."""
-    for _, h in _mutable_args(op, h_args, h_kwargs):
+    for _, h in _mutable_args(info, h_args, h_kwargs):
         if id(h) not in host_of:
             continue
         d = host_of[id(h)][1]
@@ -253,10 +287,10 @@ def _sync_mutated_metadata(op, h_args, h_kwargs, host_of) -> None:
                 d.set_(d.untyped_storage(), h.storage_offset(), h.size(), h.stride())
 
 
-def _run_with_resizable_outputs(op, h_args, h_kwargs, host_of):
+def _run_with_resizable_outputs(op, info, h_args, h_kwargs, host_of):
     """Retry with host copies for outputs that must grow, then write them back to the card."""
     swapped = []
-    for key, h in _mutable_args(op, h_args, h_kwargs):
+    for key, h in _mutable_args(info, h_args, h_kwargs):
         if id(h) not in host_of:
             continue
         d = host_of[id(h)][1]
@@ -313,5 +347,5 @@ def _to_device(out: Any, host_of: dict[int, tuple[torch.Tensor, torch.Tensor]], 
                             f"support; compute in float32 instead")
         return x.to(target)
 
-    return pytree.tree_map(back, out)
+    return _map(back, out)
 

@@ -374,6 +374,22 @@ static bool g_hooks_registered = register_hooks();
 // Kernels
 // ------------------------------------------------------------------------------------------
 
+// The name a Python user knows a dtype by (torch.float64, not "Double").
+static std::string torch_dtype_name(c10::ScalarType dt) {
+  switch (dt) {
+    case at::kDouble: return "torch.float64";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
+    case at::kUInt16: return "torch.uint16";
+    case at::kUInt32: return "torch.uint32";
+    case at::kUInt64: return "torch.uint64";
+    default: return std::string("torch.") + c10::toString(dt);
+  }
+}
+
 static void check_dtype(c10::ScalarType dt, const char* op) {
   switch (dt) {
     case at::kHalf: case at::kBFloat16: case at::kFloat:
@@ -381,7 +397,7 @@ static void check_dtype(c10::ScalarType dt, const char* op) {
     case at::kByte: case at::kBool:
       return;
     default:
-      TORCH_CHECK_TYPE(false, "spyre: ", op, ": dtype ", c10::toString(dt),
+      TORCH_CHECK_TYPE(false, "spyre: ", op, ": dtype ", torch_dtype_name(dt),
           " is not supported by the card (supported: float16, bfloat16, float32, int8, int16, "
           "int32, int64, uint8, bool). Convert on the host first, e.g. t.to(torch.float32).");
   }
@@ -516,6 +532,11 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   return self;
 }
 
+at::Tensor& zero_(at::Tensor& self) {
+  host_view(self).zero_();
+  return self;
+}
+
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   return host_view(self).item();
 }
@@ -535,6 +556,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_tensor);
   m.impl("set_", set_empty);
   m.impl("fill_.Scalar", fill_scalar);
+  m.impl("zero_", zero_);
   m.impl("_local_scalar_dense", local_scalar_dense);
 }
 

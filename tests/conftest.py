@@ -1,0 +1,18 @@
+"""Test-wide set-up: two virtual cards so cross-card behaviour is testable in one process."""
+
+import os
+
+# Must happen before torch is imported (torch autoloads the spyre device at import).
+os.environ.setdefault("VSPYRE_NUM_CARDS", "2")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fallback_state():
+    """Each test starts with allow mode and empty fallback counters."""
+    prev = torch.spyre.set_fallback_mode("allow")
+    torch.spyre.reset_fallback_stats()
+    yield
+    torch.spyre.set_fallback_mode(prev)

@@ -1,0 +1,81 @@
+"""Clear errors for bad input; host fallbacks counted, warned once, or forbidden."""
+
+import warnings
+
+import pytest
+import torch
+
+from vspyre.device.fallback import HostFallbackError
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64, torch.complex128], ids=str)
+def test_unsupported_dtypes_are_named(dtype):
+    x = torch.zeros(3, dtype=dtype)
+    with pytest.raises(TypeError) as exc:
+        x.to("spyre")
+    assert f"dtype {dtype} is not supported by the card" in str(exc.value)
+    with pytest.raises(TypeError, match="not supported by the card"):
+        torch.empty(2, dtype=dtype, device="spyre")
+    assert torch.ones(2, device="spyre").sum().item() == 2.0   # still usable
+
+
+def test_mixing_cpu_and_spyre_fails_like_cuda():
+    a = torch.ones(3, device="spyre")
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, but found "
+                                           r"at least two devices, spyre:0 and cpu!"):
+        a + torch.ones(3)
+    b = torch.ones(3, device="spyre:1")
+    with pytest.raises(RuntimeError, match="spyre:0 and spyre:1"):
+        a + b
+    # as on CUDA: a 0-dim CPU tensor is a scalar, CPU index tensors are accepted
+    assert torch.equal((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+    assert torch.equal(a[torch.tensor([0, 2])].cpu(), torch.ones(2))
+
+
+def test_fallback_counted_per_op():
+    a = torch.ones(4, device="spyre")
+    for _ in range(3):
+        torch.exp(a)
+    torch.sigmoid(a)
+    stats = torch.spyre.fallback_stats()
+    assert stats["aten::exp.out"] == 3
+    assert stats["aten::sigmoid.out"] == 1
+    assert torch.spyre.fallback_time_stats()["aten::exp.out"] > 0
+    torch.spyre.reset_fallback_stats()
+    assert torch.spyre.fallback_stats() == {}
+
+
+def test_warn_mode_warns_once_per_op():
+    a = torch.ones(4, device="spyre")
+    with torch.spyre.fallback_mode("warn"), warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        torch.exp(a)
+        torch.exp(a)
+        torch.cos(a)
+    msgs = [str(w.message) for w in rec]
+    assert sum("aten::exp.out" in m for m in msgs) == 1
+    assert sum("aten::cos.out" in m for m in msgs) == 1
+
+
+def test_strict_mode_names_the_op_and_card_stays_usable():
+    a = torch.ones(4, device="spyre")
+    with torch.spyre.fallback_mode("strict"):
+        with pytest.raises(HostFallbackError, match=r"aten::tanh\.out has no device kernel"):
+            torch.tanh(a)
+        # native ops still work in strict mode
+        b = a.clone() if False else a.to("spyre:1")
+        assert b.cpu().sum().item() == 4.0
+    assert torch.tanh(a).cpu().allclose(torch.tanh(torch.ones(4)))
+    assert torch.spyre.fallback_stats() == {"aten::tanh.out": 1}
+
+
+def test_invalid_device_index_is_clear():
+    with pytest.raises(RuntimeError, match="invalid device index 7"):
+        torch.ones(2).to("spyre:7")
+    with pytest.raises(ValueError, match="invalid device index 9"):
+        torch.spyre.set_device(9)
+
+
+def test_bad_fallback_mode():
+    with pytest.raises(ValueError, match="fallback mode"):
+        torch.spyre.set_fallback_mode("sometimes")
