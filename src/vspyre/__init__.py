@@ -15,9 +15,22 @@ __version__ = "0.1.0"
 
 def _autoload() -> None:
     """Entry point PyTorch calls at ``import torch`` (group ``torch.backends``)."""
+    import torch
+
     from .device import register
 
     register()
+    torch.spyre.profile = profile
+
+
+def profile(*args, **kwargs):
+    """``with torch.spyre.profile() as prof:`` records kernels and host fallbacks.
+
+    See ``vspyre.runtime.profiler.profile``; imported on first use so ``import torch`` stays light.
+    """
+    from .runtime.profiler import profile as _profile
+
+    return _profile(*args, **kwargs)
 
 
 # `import torch` calls _autoload (entry point) when vspyre is installed; importing vspyre first

@@ -1,0 +1,151 @@
+"""A small builder for tile programs (compilers and tests use it)::
+
+    b = ProgramBuilder("add_relu")
+    x = b.input("x", torch.float16, ("s0", 1024))
+    y = b.output("y", torch.float16, ("s0", 1024))
+    i, j = b.dim("x0", "s0"), b.dim("x1", 1024)
+    v = b.load(x, x.index(i, j))          # element offset 1024*x0 + x1
+    b.store(y, y.index(i, j), b.relu(v))
+    prog = b.build()
+
+Every vector op of the registry is reachable as ``b.<name>(*args)`` (``b.exp(v)``, ``b.add(v, 1.0)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from .indexing import sym, to_expr
+from .ops import OPS
+from .program import (Buffer, Compute, Constant, Dim, IndexValue, Load, Matmul, Program, Reduce, RingReduce,
+                      Split, Store, TilePlan, WorkDivision)
+
+__all__ = ["ProgramBuilder", "BufferRef"]
+
+
+class BufferRef:
+    def __init__(self, buf: Buffer) -> None:
+        self.buf = buf
+        self.name = buf.name
+
+    def index(self, *idx: Any) -> sympy.Expr:
+        """Element offset of ``buf[idx...]`` from its strides (each idx an expression)."""
+        if len(idx) != len(self.buf.shape):
+            raise ValueError(f"buffer {self.name}: {len(self.buf.shape)} indices needed, got {len(idx)}")
+        e = sympy.Integer(0)
+        for i, st in zip(idx, self.buf.strides):
+            e = e + to_expr(i) * (st if isinstance(st, sympy.Basic) else sympy.Integer(st))
+        return e
+
+
+class ProgramBuilder:
+    def __init__(self, name: str, source: str = "builder") -> None:
+        self.name = name
+        self.source = source
+        self.buffers: list[Buffer] = []
+        self.dims: list[Dim] = []
+        self.body: list = []
+        self.scalars: list[str] = []
+        self._n = 0
+        self.division: WorkDivision | None = None
+        self.tiles: TilePlan | None = None
+
+    # -- declarations -------------------------------------------------------------------
+    def buffer(self, name: str, dtype: torch.dtype, shape: Sequence[Any], strides: Sequence[Any] | None = None,
+               role: str = "in", offset: int | None = None) -> BufferRef:
+        b = Buffer(name, dtype, tuple(shape), tuple(strides) if strides is not None else None, offset, role)
+        self.buffers.append(b)
+        return BufferRef(b)
+
+    def input(self, name, dtype, shape, strides=None, offset=None) -> BufferRef:
+        return self.buffer(name, dtype, shape, strides, "in", offset)
+
+    def output(self, name, dtype, shape, strides=None, offset=None) -> BufferRef:
+        return self.buffer(name, dtype, shape, strides, "out", offset)
+
+    def inout(self, name, dtype, shape, strides=None, offset=None) -> BufferRef:
+        return self.buffer(name, dtype, shape, strides, "inout", offset)
+
+    def dim(self, name: str, size: Any, kind: str = "parallel") -> sympy.Symbol:
+        self.dims.append(Dim(name, size, kind))
+        return sym(name)
+
+    def rdim(self, name: str, size: Any) -> sympy.Symbol:
+        return self.dim(name, size, "reduction")
+
+    def scalar(self, name: str) -> sympy.Symbol:
+        self.scalars.append(name)
+        return sym(name)
+
+    def divide(self, *splits: tuple) -> "ProgramBuilder":
+        """``b.divide(("x0", 32))`` or ``b.divide(("x0", 4), ("r0", 8, 64))`` (dim, parts[, chunk])."""
+        self.division = WorkDivision(tuple(Split(*s) for s in splits))
+        return self
+
+    def tile(self, double_buffer: bool | None = None, **sizes: Any) -> "ProgramBuilder":
+        self.tiles = TilePlan(tuple(sizes.items()), double_buffer)
+        return self
+
+    # -- ops ------------------------------------------------------------------------------
+    def _new(self, hint: str = "t") -> str:
+        self._n += 1
+        return f"%{hint}{self._n}"
+
+    def load(self, buf: BufferRef | str, index: Any, mask: str | None = None, other: Any = 0) -> str:
+        out = self._new("ld")
+        self.body.append(Load(out, buf if isinstance(buf, str) else buf.name, to_expr(index), mask, other))
+        return out
+
+    def store(self, buf: BufferRef | str, index: Any, value: str, mask: str | None = None) -> None:
+        self.body.append(Store(buf if isinstance(buf, str) else buf.name, to_expr(index), value, mask))
+
+    def compute(self, op: str, *args: Any, dtype: torch.dtype | None = None) -> str:
+        if op not in OPS or OPS[op].unit not in ("vector",) or op.startswith(("reduce.", "ring.")) or op == "index":
+            raise ValueError(f"{op!r} is not a vector op of vspyre.ir.ops.OPS")
+        out = self._new("v")
+        self.body.append(Compute(out, op, tuple(args), dtype))
+        return out
+
+    def to(self, value: str, dtype: torch.dtype) -> str:
+        return self.compute("to", value, dtype=dtype)
+
+    def index_value(self, expr: Any, dtype: torch.dtype = torch.int64) -> str:
+        out = self._new("ix")
+        self.body.append(IndexValue(out, to_expr(expr), dtype))
+        return out
+
+    def const(self, value: Any, dtype: torch.dtype = torch.float32) -> str:
+        out = self._new("c")
+        self.body.append(Constant(out, value, dtype))
+        return out
+
+    def matmul(self, a: str, b: str, dim: Any, acc: str | None = None) -> str:
+        out = self._new("mm")
+        self.body.append(Matmul(out, a, b, str(dim), acc))
+        return out
+
+    def reduce(self, op: str, value: str, dims: Any, dtype: torch.dtype | None = None) -> str:
+        if not isinstance(dims, (tuple, list)):
+            dims = (dims,)
+        out = self._new("red")
+        self.body.append(Reduce(out, op, value, tuple(str(d) for d in dims), dtype))
+        return out
+
+    def ring_reduce(self, op: str, value: str, dim: Any) -> str:
+        out = self._new("ring")
+        self.body.append(RingReduce(out, op, value, str(dim)))
+        return out
+
+    def __getattr__(self, name: str):
+        if name in OPS and OPS[name].unit == "vector" and OPS[name].fn is not None:
+            return lambda *args, dtype=None: self.compute(name, *args, dtype=dtype)
+        raise AttributeError(name)
+
+    def build(self, **meta: Any) -> Program:
+        p = Program(self.name, tuple(self.buffers), tuple(self.dims), tuple(self.body), self.division, self.tiles,
+                    tuple(self.scalars), self.source, meta)
+        p.analysis  # validate now: errors name the program and the op
+        return p

@@ -1,0 +1,600 @@
+"""Executing tile programs on host-addressable device memory.
+
+* **fast** (default): the whole iteration space at once with vectorised torch CPU ops. Affine
+  loads/stores become strided views of the buffer (no copy, no index tensor); other indices are
+  evaluated once per launch over broadcast ``arange``s and gathered/scattered. Per (program, shapes)
+  everything is compiled into a list of closures, so a launch is a dict lookup plus the ops.
+* **checked** (opt-in): core by core and tile by tile as the schedule says, proving it: every
+  output element written exactly once, every access inside its buffer, the scratchpad never over
+  capacity, every ring send received. Raises :class:`ScheduleError` naming program, core, tile and
+  buffer. Results are the same as fast mode (same op semantics from ``vspyre.ir.ops``).
+
+Numerics: float values are computed in fp32 (matmul and reductions accumulate in fp32); every
+write to device memory goes through ``numerics.store_cast`` (DL16 rounding of fp16 when the
+setting is ``dl16``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from .. import hardware, numerics
+from ..ir.indexing import affine_form, compile_expr, free_names, sym
+from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, _cast_fn, _matmul_eval
+from ..ir.planning import Schedule, ScheduleError, bind_sizes, iter_tiles, resolve, value_tile_bytes
+from ..ir.program import (Compute, Constant, IndexValue, Load, Matmul, Program, ProgramError, Reduce, RingReduce,
+                          Store, _bind)
+from .memory import host
+
+__all__ = ["Bound", "bind", "run_fast", "run_checked", "ScheduleError", "LaunchError"]
+
+
+class LaunchError(ValueError):
+    """The tensors given to a launch do not match the program's buffers."""
+
+
+def _host_dtype(dt: torch.dtype) -> torch.dtype:
+    if dt == torch.bool:
+        return torch.bool
+    return torch.float32 if dt.is_floating_point else torch.int64
+
+
+def _to_host_value(v: torch.Tensor, clone: bool) -> torch.Tensor:
+    if v.dtype == torch.float32 or v.dtype == torch.int64 or v.dtype == torch.bool:
+        return v.clone() if clone else v
+    if v.is_floating_point():
+        out = v.to(torch.float32)
+    elif v.dtype == torch.bool:
+        out = v
+    else:
+        out = v.to(torch.int64)
+    if clone and out.data_ptr() == v.data_ptr():
+        out = out.clone()
+    return out
+
+
+@dataclass
+class Bound:
+    """A program with its size symbols bound: the cached unit of execution."""
+
+    program: Program
+    sizes: dict[str, int]
+    ext: dict[str, int]
+    spans: tuple[int, ...]
+    steps: list[Callable] | None = None
+    _schedule: Schedule | None = None
+    _estimate: Any = None
+    _cfg: Any = None
+    meta: dict = field(default_factory=dict)
+
+    def schedule(self) -> Schedule:
+        cfg = hardware.get_config()
+        if self._schedule is None or self._cfg is not cfg:
+            self._schedule = resolve(self.program, self.sizes, cfg)
+            self._estimate = None
+            self._cfg = cfg
+        return self._schedule
+
+    def estimate(self):
+        s = self.schedule()
+        if self._estimate is None:
+            from ..ir.latency import estimate_schedule
+            self._estimate = estimate_schedule(s, segments=True)
+        return self._estimate
+
+
+# ------------------------------------------------------------------------------------- binding
+def bind(p: Program, tensors: Sequence[torch.Tensor], scalars: dict[str, int] | None = None) -> Bound:
+    """Bind size symbols from the tensors' shapes/strides and explicit scalars; check every
+    buffer's dtype, shape, strides (and offset, if declared)."""
+    if len(tensors) != len(p.buffers):
+        raise LaunchError(f"program {p.name}: {len(p.buffers)} buffers "
+                          f"({', '.join(b.name for b in p.buffers)}) but {len(tensors)} tensors given")
+    sizes: dict[str, int] = {k: int(v) for k, v in (scalars or {}).items()}
+    missing = [s for s in p.scalars if s not in sizes]
+    if missing:
+        raise LaunchError(f"program {p.name}: scalar(s) {missing} not given")
+    for b, t in zip(p.buffers, tensors):
+        if t.dtype != b.dtype:
+            raise LaunchError(f"program {p.name}: buffer {b.name} wants {b.dtype}, got {t.dtype}")
+        if t.dim() != len(b.shape):
+            raise LaunchError(f"program {p.name}: buffer {b.name} wants {len(b.shape)} dims, got shape {tuple(t.shape)}")
+        for decl, actual in zip(b.shape + b.strides, tuple(t.shape) + tuple(t.stride())):
+            if isinstance(decl, sympy.Symbol):
+                prev = sizes.setdefault(decl.name, int(actual))
+                if prev != actual:
+                    raise LaunchError(f"program {p.name}: symbol {decl.name} is {prev} and {actual} "
+                                      f"(buffer {b.name}, shape {tuple(t.shape)})")
+    for b, t in zip(p.buffers, tensors):
+        try:
+            want_shape = tuple(_bind(s, sizes) for s in b.shape)
+            want_strides = tuple(_bind(s, sizes) for s in b.strides)
+        except ProgramError as e:
+            raise LaunchError(f"program {p.name}: buffer {b.name}: {e}") from None
+        if want_shape != tuple(t.shape):
+            raise LaunchError(f"program {p.name}: buffer {b.name} wants shape {want_shape}, got {tuple(t.shape)}")
+        nontriv = [(w, a) for w, a, n in zip(want_strides, t.stride(), want_shape) if n > 1]
+        if any(w != a for w, a in nontriv):
+            raise LaunchError(f"program {p.name}: buffer {b.name} wants strides {want_strides}, got {t.stride()}")
+    try:
+        ext = bind_sizes(p, sizes)
+    except ProgramError as e:
+        raise LaunchError(f"program {p.name}: {e}") from None
+    spans = tuple(b.span(sizes) for b in p.buffers)
+    return Bound(p, sizes, ext, spans)
+
+
+# ------------------------------------------------------------------------------------- fast mode
+def _aranges(p: Program, ranges: Sequence[tuple[int, int]]) -> dict[str, torch.Tensor]:
+    n = len(ranges)
+    out = {}
+    for i, (d, (a, b)) in enumerate(zip(p.dim_names, ranges)):
+        shape = [1] * n
+        shape[i] = b - a
+        out[d] = torch.arange(a, b, dtype=torch.int64).view(shape)
+    return out
+
+
+def _subst(expr: sympy.Expr, sizes: dict[str, int]) -> sympy.Expr:
+    names = free_names(expr) & set(sizes)
+    return expr.xreplace({sym(k): sympy.Integer(sizes[k]) for k in names}) if names else expr
+
+
+def _non_overlapping(shape: list[int], strides: list[int]) -> bool:
+    dims = sorted((st, n) for n, st in zip(shape, strides) if n > 1)
+    reach = 0
+    for st, n in dims:
+        if st <= reach:
+            return False
+        reach += (n - 1) * st
+    return True
+
+
+def _const_tensor(v: Any, ndim: int) -> torch.Tensor:
+    if isinstance(v, bool):
+        return torch.tensor(v).view([1] * ndim)
+    if isinstance(v, int):
+        return torch.tensor(v, dtype=torch.int64).view([1] * ndim)
+    return torch.tensor(float(v), dtype=torch.float32).view([1] * ndim)
+
+
+def _fail(p: Program, i: int, op: Any, e: Exception, where: str = "") -> RuntimeError:
+    return RuntimeError(f"program {p.name}: op {i} ({op.kind}{' ' + op.buffer if hasattr(op, 'buffer') else ''})"
+                        f"{where}: {type(e).__name__}: {e}")
+
+
+def _compile_fast(bd: Bound) -> list[Callable]:
+    p = bd.program
+    an = p.analysis
+    names = p.dim_names
+    ndim = len(names)
+    full = [(0, bd.ext[d]) for d in names]
+    ar = _aranges(p, full)
+    box = [bd.ext[d] for d in names]
+    bidx = {b.name: i for i, b in enumerate(p.buffers)}
+    steps: list[Callable] = []
+
+    for i, op in enumerate(p.body):
+        if isinstance(op, (Load, Store)):
+            bi = bidx[op.buffer]
+            buf = p.buffers[bi]
+            span = bd.spans[bi]
+            expr = _subst(op.index, bd.sizes)
+            indirect = sorted(n for n in free_names(expr) if n.startswith("%"))
+            form = None if indirect else affine_form(expr, names)
+            if form is not None:
+                const, coefs = form
+                if any(c < 0 for c in coefs.values()):
+                    form = None
+            if form is not None:
+                const, coefs = form
+                vshape = [bd.ext[d] if coefs.get(d) else 1 for d in names]
+                vstr = [coefs.get(d, 0) for d in names]
+            fn = compile_expr(expr)
+            idx_dims = [k for k, d in enumerate(names) if d in free_names(expr)]
+
+            def index_of(env, fn=fn, indirect=indirect):
+                E = dict(ar)
+                for n in indirect:
+                    E[n] = env[n]
+                v = fn(E)
+                return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
+
+            if isinstance(op, Load):
+                clone = buf.role != "in"
+                if form is not None and op.mask is None:
+                    def step(env, H, bi=bi, vshape=vshape, vstr=vstr, const=const, out=op.out, clone=clone):
+                        t = H[bi]
+                        env[out] = _to_host_value(t.as_strided(vshape, vstr, t.storage_offset() + const), clone)
+                else:
+                    def step(env, H, bi=bi, span=span, op=op, index_of=index_of):
+                        t = H[bi]
+                        flat = t.as_strided((span,), (1,), t.storage_offset())
+                        idx = index_of(env)
+                        if op.mask is not None:
+                            m = env[op.mask]
+                            idx, m = torch.broadcast_tensors(idx, m)
+                            vals = _to_host_value(flat[torch.where(m, idx, 0)], False)
+                            other = torch.tensor(op.other, dtype=vals.dtype)
+                            env[op.out] = torch.where(m, vals, other)
+                        else:
+                            env[op.out] = _to_host_value(flat[idx], False)
+            else:
+                dtype = buf.dtype
+                if form is not None and _non_overlapping(vshape, vstr):
+                    def step(env, H, bi=bi, vshape=vshape, vstr=vstr, const=const, op=op, dtype=dtype):
+                        t = H[bi]
+                        view = t.as_strided(vshape, vstr, t.storage_offset() + const)
+                        val = env[op.value]
+                        if val.dtype != dtype or dtype == torch.float16:
+                            val = numerics.store_cast(val, dtype)
+                        if op.mask is not None:
+                            val = torch.where(env[op.mask], val, view)
+                        view.copy_(val)
+                else:
+                    def step(env, H, bi=bi, span=span, op=op, dtype=dtype, index_of=index_of):
+                        t = H[bi]
+                        flat = t.as_strided((span,), (1,), t.storage_offset())
+                        idx = index_of(env)
+                        val = numerics.store_cast(env[op.value], dtype)
+                        if op.mask is not None:
+                            idx, val, m = torch.broadcast_tensors(idx, val, env[op.mask])
+                            flat[idx[m]] = val[m]
+                        else:
+                            idx, val = torch.broadcast_tensors(idx, val)
+                            flat[idx.reshape(-1)] = val.reshape(-1)
+        elif isinstance(op, Compute):
+            d = OPS[op.op]
+            f = d.fn if d.fn is not None else _cast_fn(op.dtype)
+            getters = [a if isinstance(a, str) else _const_tensor(a, ndim) for a in op.args]
+            a0 = op.args[0] if op.args else None
+            reuse = (op.op in INPLACE and isinstance(a0, str) and isinstance(an.producer.get(a0), Compute)
+                     and an.producer[a0].op not in ("identity", "to")   # those may alias a buffer
+                     and an.last_use.get(a0) == i and op.args.count(a0) == 1
+                     and an.dtypes[a0].is_floating_point and an.dtypes[op.out].is_floating_point)
+            if reuse and len(op.args) <= 2:
+                meth = INPLACE[op.op]
+                other = op.args[1] if len(op.args) == 2 else None
+                other_c = other if isinstance(other, str) or other is None else float(other)
+
+                def step(env, H, f=f, a=a0, o=other_c, meth=meth, out=op.out, g=getters):
+                    x = env[a]
+                    if o is None:
+                        env[out] = getattr(x, meth)()
+                        return
+                    y = env[o] if isinstance(o, str) else o
+                    if x.dtype == torch.float32 and (not isinstance(y, torch.Tensor) or (
+                            y.dtype == torch.float32 and torch.broadcast_shapes(x.shape, y.shape) == x.shape)):
+                        env[out] = getattr(x, meth)(y)
+                    else:
+                        env[out] = f(x, env[g[1]] if isinstance(g[1], str) else g[1])
+            elif len(getters) == 1 and isinstance(getters[0], str):
+                def step(env, H, f=f, a=getters[0], out=op.out):
+                    env[out] = f(env[a])
+            elif len(getters) == 2:
+                a0, a1 = getters
+                s0, s1 = isinstance(a0, str), isinstance(a1, str)
+
+                def step(env, H, f=f, a0=a0, a1=a1, s0=s0, s1=s1, out=op.out):
+                    env[out] = f(env[a0] if s0 else a0, env[a1] if s1 else a1)
+            else:
+                def step(env, H, f=f, g=getters, out=op.out):
+                    env[out] = f(*[env[a] if isinstance(a, str) else a for a in g])
+        elif isinstance(op, IndexValue):
+            fn = compile_expr(_subst(op.expr, bd.sizes))
+            v = fn(ar)
+            v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
+            v = _cast_fn(op.dtype)(v)
+
+            def step(env, H, v=v, out=op.out):
+                env[out] = v
+        elif isinstance(op, Constant):
+            v = _cast_fn(op.dtype)(_const_tensor(op.value, ndim))
+
+            def step(env, H, v=v, out=op.out):
+                env[out] = v
+        elif isinstance(op, Reduce):
+            impl = REDUCE_IMPL[op.op]
+            axes = tuple(names.index(d) for d in op.dims)
+
+            def step(env, H, impl=impl, axes=axes, op=op):
+                x = env[op.value]
+                if any(x.shape[a] != box[a] for a in axes):
+                    shape = list(x.shape)
+                    for a in axes:
+                        shape[a] = box[a]
+                    x = x.expand(shape)
+                env[op.out] = impl.finish(impl.partial(x, axes, 0))
+        elif isinstance(op, Matmul):
+            axes_a = sorted(names.index(d) for d in an.dims[op.a])
+            axes_b = sorted(names.index(d) for d in an.dims[op.b])
+            k = names.index(op.dim)
+
+            def step(env, H, op=op, axes_a=axes_a, axes_b=axes_b, k=k):
+                r = _matmul_eval(env[op.a], env[op.b], axes_a, axes_b, k, ndim)
+                env[op.out] = r + env[op.acc] if op.acc else r
+        elif isinstance(op, RingReduce):
+            def step(env, H, op=op):       # the whole reduction was done in one piece
+                env[op.out] = env[op.value]
+        else:  # pragma: no cover
+            raise ProgramError(f"program {p.name}: op {i}: cannot execute {op!r}")
+        steps.append(step)
+    return steps
+
+
+def run_fast(bd: Bound, hosts: Sequence[torch.Tensor]) -> None:
+    steps = bd.steps
+    if steps is None:
+        steps = bd.steps = _compile_fast(bd)
+    env: dict[str, torch.Tensor] = {}
+    try:
+        for s in steps:
+            s(env, hosts)
+    except (RuntimeError, IndexError, TypeError, ValueError) as e:
+        # find which op failed (cheap: re-run with the index to name it)
+        env = {}
+        p = bd.program
+        for i, s in enumerate(steps):
+            try:
+                s(env, hosts)
+            except Exception as e2:  # noqa: BLE001
+                raise _fail(p, i, p.body[i], e2) from e2
+        raise
+
+
+# ------------------------------------------------------------------------------------- checked mode
+class _Checked:
+    def __init__(self, bd: Bound, hosts: Sequence[torch.Tensor], schedule: Schedule) -> None:
+        self.bd = bd
+        self.p = bd.program
+        self.an = self.p.analysis
+        self.s = schedule
+        self.cfg = schedule.cfg
+        self.hosts = hosts
+        self.names = self.p.dim_names
+        self.ndim = len(self.names)
+        self.bidx = {b.name: i for i, b in enumerate(self.p.buffers)}
+        self.counts = {b.name: torch.zeros(bd.spans[i], dtype=torch.int32)
+                       for i, b in enumerate(self.p.buffers) if b.role != "in"}
+        self.capacity = self.cfg.scratchpad_usable_bytes
+        self.peak = 0
+        self.sends: list[tuple] = []
+        self.recvs: list[tuple] = []
+        self.exprs = {i: (compile_expr(_subst(op.index, bd.sizes)),
+                          sorted(n for n in free_names(op.index) if n.startswith("%")))
+                      for i, op in enumerate(self.p.body) if isinstance(op, (Load, Store))}
+
+    # -- helpers --------------------------------------------------------------------------
+    def where(self, core, tile) -> str:
+        rng = ", ".join(f"{d}[{a}:{b}]" for d, (a, b) in zip(self.names, tile))
+        return f"program {self.p.name}: core {core.core}: tile {rng}"
+
+    def index(self, i: int, env, ar) -> torch.Tensor:
+        fn, ind = self.exprs[i]
+        E = dict(ar)
+        for n in ind:
+            E[n] = env[n]
+        v = fn(E)
+        return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * self.ndim)
+
+    def bytes_of(self, name: str, v: torch.Tensor, itemsize: int | None = None) -> int:
+        shape = [v.shape[k] if k < v.dim() else 1 for k in range(self.ndim)]
+        it = itemsize or torch.empty((), dtype=self.an.dtypes[name]).element_size()
+        return value_tile_bytes(shape, self.an.dims[name], self.names, it, self.cfg)
+
+    def account(self, live: dict, extra: int, core, tile, i: int) -> None:
+        total = sum(live.values()) + extra
+        self.peak = max(self.peak, total)
+        if total > self.capacity:
+            op = self.p.body[i]
+            raise ScheduleError(
+                f"{self.where(core, tile)}: scratchpad overflow at op {i} ({op.kind}): {total} live bytes > "
+                f"{self.capacity} usable ({self.cfg.scratchpad_bytes} minus {self.cfg.scratchpad_reserve_fraction:.0%} "
+                f"reserve); live: {', '.join(f'{k}={v}' for k, v in live.items())}")
+
+    # -- one op on one tile ----------------------------------------------------------------
+    def run_op(self, i: int, op, env, ar, core, tile, live: dict, states: dict, inner_first: bool,
+               accumulate: bool) -> None:
+        p, an = self.p, self.an
+        db = self.s.double_buffer
+        extra = 0
+        if isinstance(op, Load):
+            bi = self.bidx[op.buffer]
+            span = self.bd.spans[bi]
+            idx = self.index(i, env, ar)
+            m = None
+            if op.mask is not None:
+                idx, m = torch.broadcast_tensors(idx, env[op.mask])
+            chk = idx[m] if m is not None else idx
+            if chk.numel() and (int(chk.min()) < 0 or int(chk.max()) >= span):
+                bad = int(chk.min()) if int(chk.min()) < 0 else int(chk.max())
+                raise ScheduleError(f"{self.where(core, tile)}: op {i} load {op.out} from buffer {op.buffer}: "
+                                    f"element {bad} out of bounds [0, {span})")
+            t = self.hosts[bi]
+            flat = t.as_strided((span,), (1,), t.storage_offset())
+            vals = _to_host_value(flat[torch.where(m, idx, 0) if m is not None else idx], True)
+            if m is not None:
+                vals = torch.where(m, vals, torch.tensor(op.other, dtype=vals.dtype))
+            env[op.out] = vals
+            live[op.out] = self.bytes_of(op.out, vals) * (2 if db else 1)
+        elif isinstance(op, Store):
+            bi = self.bidx[op.buffer]
+            buf = p.buffers[bi]
+            span = self.bd.spans[bi]
+            idx = self.index(i, env, ar)
+            val = numerics.store_cast(env[op.value], buf.dtype)
+            if op.mask is not None:
+                idx, val, m = torch.broadcast_tensors(idx, val, env[op.mask])
+                idx, val = idx[m], val[m]
+            else:
+                idx, val = torch.broadcast_tensors(idx, val)
+                idx, val = idx.reshape(-1), val.reshape(-1)
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= span):
+                bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+                raise ScheduleError(f"{self.where(core, tile)}: op {i} store to buffer {op.buffer}: "
+                                    f"element {bad} out of bounds [0, {span})")
+            cnt = self.counts[op.buffer]
+            cnt.index_put_((idx,), torch.ones_like(idx, dtype=torch.int32), accumulate=True)
+            if idx.numel() and int(cnt[idx].max()) > 1:
+                dup = int(idx[cnt[idx] > 1][0])
+                raise ScheduleError(f"{self.where(core, tile)}: op {i} store to buffer {op.buffer}: element "
+                                    f"{dup} written {int(cnt[dup])} times (overlapping work division or tiles)")
+            t = self.hosts[bi]
+            flat = t.as_strided((span,), (1,), t.storage_offset())
+            flat[idx] = val
+            extra = self.bytes_of(op.value, env[op.value], buf.itemsize) * (2 if db else 1)
+        elif isinstance(op, Compute):
+            d = OPS[op.op]
+            f = d.fn if d.fn is not None else _cast_fn(op.dtype)
+            env[op.out] = f(*[env[a] if isinstance(a, str) else _const_tensor(a, self.ndim) for a in op.args])
+        elif isinstance(op, IndexValue):
+            v = compile_expr(_subst(op.expr, self.bd.sizes))(ar)
+            v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * self.ndim)
+            env[op.out] = _cast_fn(op.dtype)(v)
+        elif isinstance(op, Constant):
+            env[op.out] = _cast_fn(op.dtype)(_const_tensor(op.value, self.ndim))
+        elif isinstance(op, (Reduce, Matmul)):
+            if isinstance(op, Reduce):
+                impl = REDUCE_IMPL[op.op]
+                axes = tuple(self.names.index(d) for d in op.dims)
+                x = env[op.value]
+                shape = list(x.shape)
+                for a in axes:
+                    shape[a] = tile[a][1] - tile[a][0]
+                x = x.expand(shape)
+                start = tile[axes[0]][0]
+                part = impl.partial(x, axes, start)
+                combine, finish = impl.combine, impl.finish
+            else:
+                axes_a = sorted(self.names.index(d) for d in an.dims[op.a])
+                axes_b = sorted(self.names.index(d) for d in an.dims[op.b])
+                part = _matmul_eval(env[op.a], env[op.b], axes_a, axes_b, self.names.index(op.dim), self.ndim)
+                combine, finish = torch.add, (lambda s: s)
+            key = i
+            if accumulate and not inner_first and key in states:
+                states[key] = combine(states[key], part)
+            else:
+                states[key] = part
+            val = finish(states[key])
+            if isinstance(op, Matmul) and op.acc:
+                val = val + env[op.acc]
+            env[op.out] = val
+            live[op.out] = self.bytes_of(op.out, val, 4)
+        elif isinstance(op, RingReduce):
+            env[op.out] = env[op.value]   # combined by the caller when the dim is split
+        if op.outputs and op.outputs[0] not in live and op.outputs[0] in env:
+            live[op.outputs[0]] = self.bytes_of(op.outputs[0], env[op.outputs[0]])
+        self.account(live, extra, core, tile, i)
+        for n in op.inputs:
+            if an.last_use.get(n, -1) <= i and n in live:
+                del live[n]
+
+    # -- the schedule ------------------------------------------------------------------------
+    def run(self) -> dict:
+        p, an, s = self.p, self.an, self.s
+        red = an.reduced_dims
+        post = [bool(an.op_after[i] & red) for i in range(len(p.body))]
+        ring_dep = [bool(an.op_ring[i]) for i in range(len(p.body))]
+        for group in s.ring_groups():
+            active = [c for c in group if not c.empty]
+            if not active:
+                continue
+            tiles = [list(iter_tiles(s, c)) for c in active]
+            n_outer = len(tiles[0])
+            if any(len(t) != n_outer for t in tiles):
+                raise ScheduleError(f"program {p.name}: cores {[c.core for c in active]} of one ring group have "
+                                    "different tile counts; their partials cannot be matched")
+            for o in range(n_outer):
+                partials: list[dict] = []
+                envs = []
+                for c, ct in zip(active, tiles):
+                    outer, steps = ct[o]
+                    env: dict = {}
+                    live: dict = {}
+                    states: dict = {}
+                    looped = {self.names[k] for k in range(self.ndim) if self.names[k] in red
+                              and len({st[k] for st in steps}) > 1}
+                    for j, st in enumerate(steps):
+                        ar = _aranges(p, st)
+                        for i, op in enumerate(p.body):
+                            if post[i] or ring_dep[i]:
+                                continue
+                            self.run_op(i, op, env, ar, c, st, live, states, j == 0, True)
+                    last = steps[-1]
+                    ar = _aranges(p, last)
+                    for i, op in enumerate(p.body):
+                        if not post[i] or ring_dep[i] or isinstance(op, RingReduce):
+                            continue
+                        vd = set()
+                        for n in op.inputs + op.outputs:
+                            vd |= an.dims[n]
+                        if vd & looped:
+                            raise ScheduleError(
+                                f"{self.where(c, last)}: op {i} ({op.kind}) needs the finished reduction and varies "
+                                f"along {sorted(vd & looped)}, which this schedule tiles into several steps: the "
+                                "reduction dim must be one tile (persistent)")
+                        self.run_op(i, op, env, ar, c, last, live, states, True, False)
+                    partials.append({i: env[op.value] for i, op in enumerate(p.body) if isinstance(op, RingReduce)})
+                    envs.append((c, env, live, last))
+                # ring: the partial of chunk j travels to chunk j-1; the owner ends with the total
+                owner, oenv, olive, olast = envs[0]
+                for i, op in enumerate(p.body):
+                    if not isinstance(op, RingReduce):
+                        continue
+                    if s.ring_dim == op.dim and len(active) > 1:
+                        comb = REDUCE_IMPL[op.op].combine
+                        carry = partials[-1][i]
+                        for j in range(len(active) - 1, 0, -1):
+                            src, dst = active[j], active[j - 1]
+                            self.sends.append((src.core, dst.core, i, o, tuple(carry.shape)))
+                            mine = partials[j - 1][i]
+                            if tuple(mine.shape) != tuple(carry.shape):
+                                raise ScheduleError(f"program {p.name}: ring op {i}: core {dst.core} holds a partial "
+                                                    f"of shape {tuple(mine.shape)} but receives {tuple(carry.shape)} "
+                                                    f"from core {src.core}")
+                            self.recvs.append((src.core, dst.core, i, o, tuple(mine.shape)))
+                            carry = comb(mine, carry)
+                        oenv[op.out] = carry
+                    else:
+                        oenv[op.out] = oenv[op.value]
+                    olive[op.out] = self.bytes_of(op.out, oenv[op.out], 4)
+                ar = _aranges(p, olast)
+                for i, op in enumerate(p.body):
+                    if ring_dep[i] and not isinstance(op, RingReduce):
+                        self.run_op(i, op, oenv, ar, owner, olast, olive, {}, True, False)
+        unmatched = set(self.sends) ^ set(self.recvs)
+        if unmatched:
+            raise ScheduleError(f"program {p.name}: unmatched ring transfers {sorted(unmatched)[:4]}")
+        for b in p.buffers:
+            if b.role != "out":
+                continue
+            cnt = self.counts[b.name]
+            shape = [_bind(x, self.bd.sizes) for x in b.shape]
+            strides = [_bind(x, self.bd.sizes) for x in b.strides]
+            pos = torch.zeros((), dtype=torch.int64)
+            for n, st in zip(shape, strides):
+                pos = pos.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+            pos = pos.reshape(-1)
+            miss = cnt[pos] == 0 if pos.numel() else torch.zeros(0, dtype=torch.bool)
+            if bool(miss.any()):
+                first = int(miss.nonzero()[0])
+                coord = []
+                for n in reversed(shape):
+                    coord.append(first % n)
+                    first //= n
+                raise ScheduleError(f"program {p.name}: gap: {int(miss.sum())} element(s) of output buffer {b.name} "
+                                    f"never written (first at {tuple(reversed(coord))}); the work division or tiles "
+                                    "do not cover the iteration space")
+        return {"peak_scratchpad_bytes": self.peak, "ring_transfers": len(self.sends),
+                "cores": sum(1 for c in s.cores if not c.empty)}
+
+
+def run_checked(bd: Bound, hosts: Sequence[torch.Tensor], schedule: Schedule | None = None) -> dict:
+    """Run core by core, tile by tile, proving the schedule. Returns facts it measured."""
+    s = schedule or bd.schedule()
+    return _Checked(bd, hosts, s).run()
