@@ -22,6 +22,10 @@ def _autoload() -> None:
     register()
     torch.spyre.profile = profile
 
+    from .inductor import install_hooks
+
+    install_hooks()
+
 
 def profile(*args, **kwargs):
     """``with torch.spyre.profile() as prof:`` records kernels and host fallbacks.

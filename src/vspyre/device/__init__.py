@@ -40,6 +40,7 @@ def register() -> None:
     global _fallback_lib
     _fallback_lib = torch.library.Library("_", "IMPL")
     _fallback_lib.fallback(fallback._host_fallback, "PrivateUse1")
+    fallback.register_overrideable_kernels()
     _patch_tensor_printing()
     _registered = True
 

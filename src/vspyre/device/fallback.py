@@ -349,3 +349,32 @@ def _to_device(out: Any, host_of: dict[int, tuple[torch.Tensor, torch.Tensor]], 
 
     return _map(back, out)
 
+
+
+# -- ops whose composite kernel would throw before the fallback is reached ----------------------
+# For a backend without its own convolution, aten::_convolution calls convolution_overrideable,
+# whose default (CompositeExplicitAutograd) kernel raises. Registering a PrivateUse1 kernel routes
+# it to the host fallback like any other op, under the name of the op that actually runs.
+_overrideable_lib = None
+
+
+def register_overrideable_kernels() -> None:
+    global _overrideable_lib
+    if _overrideable_lib is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    aten = torch.ops.aten
+
+    def conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        return _host_fallback(aten.convolution.default, input, weight, bias, stride, padding, dilation,
+                              transposed, output_padding, groups)
+
+    def conv_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                      groups, output_mask):
+        bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
+        return _host_fallback(aten.convolution_backward.default, grad_output, input, weight, bias_sizes, stride,
+                              padding, dilation, transposed, output_padding, groups, output_mask)
+
+    lib.impl("convolution_overrideable", conv, "PrivateUse1")
+    lib.impl("convolution_backward_overrideable", conv_backward, "PrivateUse1")
+    _overrideable_lib = lib

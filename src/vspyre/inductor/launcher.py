@@ -1,0 +1,81 @@
+"""What compiled wrappers call: a tile program built once from its source, launched per call.
+
+The Inductor extension emits, per kernel, Python source that builds a tile program with
+``vspyre.ir.ProgramBuilder`` (readable in ``TORCH_LOGS=output_code``). :class:`SpyreKernel`
+builds it once and launches it on the runtime with the wrapper's arguments: device tensors
+(passed as flat views of their memory, since Inductor indexes buffers by element offset) and
+integer sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .. import runtime
+from ..device import _C
+from ..ir import ProgramBuilder
+
+__all__ = ["SpyreKernel"]
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D host view over the bytes a tensor can address, starting at its first element."""
+    h = _C._host_view(t) if t.device.type == "spyre" else t
+    if h.dim() == 1 and h.stride(0) == 1:
+        return h
+    if h.numel() == 0:
+        return h.as_strided((0,), (1,))
+    span = 1 + sum((n - 1) * s for n, s in zip(h.shape, h.stride()))
+    return h.as_strided((span,), (1,))
+
+
+class _DotOperands:
+    """``ops.dot(a, b)``: the operands of a matmul, waiting for its ``reduction("dot")``."""
+
+    def __init__(self, a: str, b: str):
+        self.a, self.b = a, b
+
+    def __str__(self) -> str:
+        raise TypeError("ops.dot operands used outside a matmul reduction")
+
+
+class _MatmulHelper:
+    """Inductor's native-matmul pair (``ops.dot`` then ``reduction("dot")``) as one Matmul."""
+
+    def __init__(self, b: ProgramBuilder):
+        self.b = b
+
+    def dot(self, a: str, b: str) -> _DotOperands:
+        return _DotOperands(a, b)
+
+    def matmul(self, operands: _DotOperands, dim: str) -> str:
+        if not isinstance(operands, _DotOperands):
+            raise TypeError(f"reduction('dot') of {operands!r}: expected ops.dot operands")
+        return self.b.matmul(operands.a, operands.b, dim)
+
+
+class SpyreKernel:
+    """One kernel of a compiled graph: its tile program and how the wrapper's arguments map to it."""
+
+    def __init__(self, name: str, source: str, scalars: Sequence[str] = ()):
+        self.name = name
+        self.source = source
+        self.scalars = tuple(scalars)
+        env: dict[str, Any] = {"torch": torch}
+        exec(compile(source, f"<spyre kernel {name}>", "exec"), env)
+        b = ProgramBuilder(name, source="inductor")
+        env["build"](b, _MatmulHelper(b))
+        self.program = b.build()
+        self.nbuf = len(self.program.buffers)
+
+    def run(self, *args: Any) -> None:
+        tensors = [_flat(t) for t in args[: self.nbuf]]
+        sizes = {k: int(v) for k, v in zip(self.scalars, args[self.nbuf:])}
+        if any(t.numel() == 0 for t in tensors) and not all(t.numel() == 0 for t in tensors):
+            pass  # empty inputs are legal (the kernel may not read them)
+        runtime.launch(self.program, *tensors, sizes=sizes, source="inductor")
+
+    def __repr__(self) -> str:
+        return f"SpyreKernel({self.name})"

@@ -1,0 +1,16 @@
+"""The backend's post-grad pass hook; its uuid puts the backend's code into the FX cache key."""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphModulePass
+
+
+class SpyreGraphPass(CustomGraphModulePass):
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        return None
+
+    def uuid(self) -> str:
+        from . import backend_version
+
+        return "vspyre-inductor-" + backend_version()

@@ -1,0 +1,54 @@
+"""Inductor's scheduling for the card: SIMD scheduling with spyre kernels and matmul tiling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+from torch._inductor import ir as inductor_ir
+from torch._inductor.codegen.common import BackendFeature, IndentedBuffer
+from torch._inductor.codegen.simd import SIMDScheduling
+from torch._inductor.codegen.simd_kernel_features import SIMDKernelFeatures  # noqa: F401 (kept for readers)
+from torch._inductor.scheduler import SchedulerNode
+from torch._inductor.utils import OrderedSet, get_kernel_metadata
+from torch._inductor.virtualized import V
+
+from .kernel import SpyreKernel
+
+
+class SpyreScheduling(SIMDScheduling):
+    kernel_type = SpyreKernel  # type: ignore[assignment]
+
+    @classmethod
+    def get_backend_features(cls, device: Any) -> OrderedSet[BackendFeature]:
+        # Reductions stay in one kernel (the card splits them over cores itself, finishing over
+        # the ring); welford and softmax use Inductor's two-pass fallbacks.
+        return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT, BackendFeature.TUPLE_REDUCTION])
+
+    @classmethod
+    def select_tiling(cls, node_schedule: Any, numel: sympy.Expr, reduction_numel: sympy.Expr = sympy.S.One,
+                      coalesce_analysis: Any = None) -> dict[str, sympy.Expr]:
+        # A matmul (reduction "dot") keeps its (batch, M, N) x K ranges as the kernel's dims, so
+        # the systolic Matmul sees its operands' M, N and K directly.
+        for node in node_schedule:
+            if isinstance(node, SchedulerNode) and isinstance(node.node, inductor_ir.ComputedBuffer) \
+                    and node.node.get_reduction_type() == "dot":
+                ranges, rranges = node.get_ranges()
+                return cls.create_tiling(ranges, rranges)
+        return cls.create_tiling([numel], [reduction_numel])
+
+    def define_kernel(self, src_code: str, node_schedule: Any, kernel: SpyreKernel) -> str:
+        wrapper = V.graph.wrapper_code
+        if src_code in wrapper.src_to_kernel:
+            return wrapper.src_to_kernel[src_code]
+        fused = "_".join(sorted({str(n.get_name()) for n in node_schedule if isinstance(n, SchedulerNode)}))[:40]
+        kernel_name = f"spyre_{'red' if kernel.inside_reduction else 'poi'}_{fused}_{wrapper.next_kernel_suffix()}"
+        wrapper.src_to_kernel[src_code] = kernel_name
+        wrapper.add_import_once("from vspyre.inductor.launcher import SpyreKernel")
+        body = IndentedBuffer()
+        body.writeline(f"SpyreKernel({kernel_name!r}, '''")
+        body.splice(src_code, strip=True)
+        body.writeline(f"''', scalars={kernel.scalar_args()!r})")
+        origins, detailed = get_kernel_metadata(node_schedule, wrapper)
+        wrapper.define_kernel(kernel_name, body.getvalue(), f"{origins}\n{detailed}")
+        return kernel_name
