@@ -366,8 +366,16 @@ def register_overrideable_kernels() -> None:
     aten = torch.ops.aten
 
     def conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-        return _host_fallback(aten.convolution.default, input, weight, bias, stride, padding, dilation,
-                              transposed, output_padding, groups)
+        out = _host_fallback(aten.convolution.default, input, weight, bias, stride, padding, dilation,
+                             transposed, output_padding, groups)
+        # The host kernel may pick its own layout (oneDNN likes channels-last); the meta kernel
+        # of an "overrideable" convolution backend, which compiled graphs plan with, gives a
+        # contiguous result.
+        if not out.is_contiguous():
+            fixed = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            fixed.copy_(out)
+            out = fixed
+        return out
 
     def conv_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
                       groups, output_mask):

@@ -28,7 +28,7 @@ from torch._inductor import ir as inductor_ir
 from torch._inductor.codegen.common import CSEProxy, CSEVariable, DeferredLine, IndentedBuffer, Kernel, OpOverrides
 from torch._inductor.codegen.simd import IterationRangesEntry, SIMDKernel
 from torch._inductor.utils import sympy_subs
-from torch._inductor.virtualized import V, ops
+from torch._inductor.virtualized import OpsWrapper, V, ops
 
 from ..ir.ops import OPS
 
@@ -88,17 +88,22 @@ class SpyreOverrides(OpOverrides):
             dtype = torch.float32
         return f"b.index_value({kernel.expr_text(index)}, {_dt(dtype)})"
 
+    @classmethod
+    def value_expr(cls, expr: sympy.Expr, dtype: torch.dtype) -> str:
+        return cls.index_expr(expr, dtype)
+
     @staticmethod
     def masked(mask: CSEVariable, body: Any, other: Any) -> CSEVariable:
         with V.kernel.mask_loads(mask, other) as new_mask:
             result = body()
-        if result.dtype == torch.bool:
+        dtype = getattr(getattr(result, "value", result), "dtype", None) or torch.float32
+        if dtype == torch.bool:
             other = bool(other)
-        elif result.dtype is not None and not result.dtype.is_floating_point and not isinstance(other, bool):
+        elif not dtype.is_floating_point and not isinstance(other, bool):
             if other == other and other not in (float("inf"), float("-inf")):
                 other = int(other)
-        other_var = ops.constant(other, result.dtype or torch.float32)
-        return ops.where(new_mask, result, other_var)
+        other_var = ops.constant(other, dtype)
+        return OpsWrapper._unwrap(ops.where(new_mask, result, other_var))
 
     @staticmethod
     def where(c: Any, a: Any, b_: Any) -> str:
@@ -108,52 +113,50 @@ class SpyreOverrides(OpOverrides):
     def dot(a: Any, b_: Any) -> str:
         return f"k.dot({a}, {b_})"
 
-    # Ops with another name on the card, or built from card ops.
-    @staticmethod
-    def remainder(a: Any, b_: Any) -> str:
-        return f"b.mod({a}, {b_})"
 
-    @staticmethod
-    def truncdiv(a: Any, b_: Any) -> str:
-        return f"b.truncdiv({a}, {b_})"
-
-    @staticmethod
-    def int_truediv(a: Any, b_: Any) -> str:
-        return f"b.truediv({a}, {b_})"
-
-    @staticmethod
-    def bitwise_and(a: Any, b_: Any) -> str:
-        return f"b.bitwise_and({a}, {b_})"
-
-    @staticmethod
-    def bitwise_or(a: Any, b_: Any) -> str:
-        return f"b.bitwise_or({a}, {b_})"
-
-    @staticmethod
-    def bitwise_xor(a: Any, b_: Any) -> str:
-        return f"b.bitwise_xor({a}, {b_})"
-
-    @staticmethod
-    def bitwise_not(a: Any) -> str:
-        return f"b.bitwise_not({a})"
-
-    @staticmethod
-    def logical_xor(a: Any, b_: Any) -> str:
-        return f"b.ne(b.to({a}, torch.bool), b.to({b_}, torch.bool))"
+# Inductor op -> card op, where the names differ.
+_ALIASES = {
+    "and_": "bitwise_and", "or_": "bitwise_or", "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
+    "rshift": "bitwise_right_shift", "remainder": "mod", "int_truediv": "truediv",
+}
+# Inductor op -> (card op, then cast to int64).
+_TO_INT = {"floor_to_int": "floor", "ceil_to_int": "ceil", "round_to_int": "round", "trunc_to_int": "trunc"}
+# Handled by the kernel or the proxy itself, not by the overrides.
+_STRUCTURAL = {"load", "store", "store_reduction", "reduction", "scan", "sort", "indirect_indexing", "check_bounds",
+               "output", "placeholder", "masked", "index_expr", "value_expr", "constant", "to_dtype",
+               "to_dtype_bitcast", "dot", "where", "halide_clamp", "bucketize", "partial_accumulate",
+               "device_assert_async", "inline_asm_elementwise"}
 
 
 def _install_vector_ops() -> None:
-    """Every vector op of the card's registry is an Inductor op of the same name."""
-    for name, d in OPS.items():
-        if d.unit != "vector" or d.fn is None or name in ("index", "to") or "." in name:
-            continue
+    """Every op Inductor's handlers know is a card op, or an error naming it: never invalid code."""
+    from torch._inductor.ops_handler import OpsHandler
+
+    def card(op: str):
+        return staticmethod(lambda *args: f"b.{op}({', '.join(str(x) for x in args)})")
+
+    def to_int(op: str):
+        return staticmethod(lambda x, dtype=torch.int64: f"b.to(b.{op}({x}), {_dt(dtype)})")
+
+    def unsupported(op: str):
+        def fn(*args: Any, **kwargs: Any) -> str:
+            raise UnsupportedKernelOp(f"ops.{op} has no tile-program form on the card")
+        return staticmethod(fn)
+
+    names = {n for n in dir(OpsHandler) if not n.startswith("_")}
+    for name in sorted(names - _STRUCTURAL):
         if name in SpyreOverrides.__dict__:
             continue
-
-        def make(op: str):
-            return staticmethod(lambda *args: f"b.{op}({', '.join(str(a) for a in args)})")
-
-        setattr(SpyreOverrides, name, make(name))
+        if name in _ALIASES:
+            setattr(SpyreOverrides, name, card(_ALIASES[name]))
+        elif name in _TO_INT:
+            setattr(SpyreOverrides, name, to_int(_TO_INT[name]))
+        elif name in OPS and OPS[name].unit == "vector" and OPS[name].fn is not None:
+            setattr(SpyreOverrides, name, card(name))
+        else:
+            setattr(SpyreOverrides, name, unsupported(name))
+    for name in ("bucketize", "device_assert_async", "inline_asm_elementwise", "halide_clamp", "partial_accumulate"):
+        setattr(SpyreOverrides, name, unsupported(name))
 
 
 _install_vector_ops()
@@ -184,6 +187,9 @@ class SpyreKernel(SIMDKernel):
         self.exit_stack.enter_context(V.set_ops_handler(_SpyreCSEProxy(self, self.overrides())))
         self.exit_stack.enter_context(V.set_kernel_handler(self))
         return self
+
+    def dtype_to_str(self, dtype: torch.dtype) -> str:
+        return str(dtype)
 
     # -- index expressions ---------------------------------------------------------------------
     def codegen_iteration_ranges_entry(self, entry: IterationRangesEntry) -> None:

@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 import sympy
 import torch
 
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing  # not inductor: torch's sympy helpers
+from torch.utils._sympy.functions import (  # not inductor: torch's sympy helpers
+    CeilDiv, CleanDiv, FloorDiv, ModularIndexing, PythonMod, Where)
 
 __all__ = ["sym", "to_expr", "affine_form", "compile_expr", "free_names", "FloorDiv", "ModularIndexing"]
 
@@ -36,7 +37,9 @@ def sym(name: str) -> sympy.Symbol:
 
 
 _LOCALS = {"FloorDiv": FloorDiv, "ModularIndexing": ModularIndexing, "Min": sympy.Min, "Max": sympy.Max,
-           "Mod": sympy.Mod}
+           "Mod": sympy.Mod, "Abs": sympy.Abs, "PythonMod": PythonMod, "CleanDiv": CleanDiv, "CeilDiv": CeilDiv,
+           "Where": Where, "Eq": sympy.Eq, "Ne": sympy.Ne, "Lt": sympy.Lt, "Le": sympy.Le, "Gt": sympy.Gt,
+           "Ge": sympy.Ge}
 
 
 def to_expr(value: Any) -> sympy.Expr:
@@ -101,8 +104,21 @@ def _emit(e: sympy.Basic) -> str:
     if isinstance(e, ModularIndexing):
         x, d, m = e.args
         return f"(({_emit(x)} // {_emit(d)}) % {_emit(m)})"
-    if isinstance(e, sympy.Mod):
+    if isinstance(e, (sympy.Mod, PythonMod)):
         return f"({_emit(e.args[0])} % {_emit(e.args[1])})"
+    if isinstance(e, CleanDiv):
+        return f"({_emit(e.args[0])} // {_emit(e.args[1])})"
+    if isinstance(e, CeilDiv):
+        return f"(-((-{_emit(e.args[0])}) // {_emit(e.args[1])}))"
+    if isinstance(e, sympy.Abs):
+        return f"_abs({_emit(e.args[0])})"
+    if isinstance(e, Where):
+        return f"_where({_emit(e.args[0])}, {_emit(e.args[1])}, {_emit(e.args[2])})"
+    if isinstance(e, sympy.core.relational.Relational):
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[e.rel_op]
+        return f"({_emit(e.lhs)} {op} {_emit(e.rhs)})"
+    if e is sympy.true or e is sympy.false:
+        return "True" if e is sympy.true else "False"
     if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
         # floor(a / b) as sympy writes FloorDiv sometimes: a * b**-1
         num, den = e.args[0].as_numer_denom()
@@ -118,6 +134,16 @@ def _emit(e: sympy.Basic) -> str:
             out = f"_max({out}, {_emit(a)})"
         return out
     raise NotImplementedError(f"index expression: unsupported term {e!r} ({type(e).__name__})")
+
+
+def _abs(a):
+    return a.abs() if isinstance(a, torch.Tensor) else abs(a)
+
+
+def _where(c, a, b):
+    if isinstance(c, torch.Tensor):
+        return torch.where(c, torch.as_tensor(a), torch.as_tensor(b))
+    return a if c else b
 
 
 def _min(a, b):
@@ -141,4 +167,4 @@ def compile_expr(expr: sympy.Expr) -> Callable[[Mapping[str, Any]], Any]:
     """
     src = _emit(expr)
     code = compile(f"lambda E: {src}", f"<index {expr}>", "eval")
-    return eval(code, {"_min": _min, "_max": _max})  # noqa: S307 - generated from a sympy tree
+    return eval(code, {"_min": _min, "_max": _max, "_abs": _abs, "_where": _where})  # noqa: S307 - generated from a sympy tree

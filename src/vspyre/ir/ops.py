@@ -157,6 +157,30 @@ for _n, _fn, _d in [("exp", torch.exp, "e ** a"), ("exp2", torch.exp2, "2 ** a")
                     ("erf", torch.erf, "erf a")]:
     _vec(_n, (lambda g: (lambda a: g(_f(a))))(_fn), 1, _d, True)
 
+# More elementwise ops (what Inductor's kernels emit beyond the basics).
+_vec("trunc", torch.trunc, 1, "round toward zero")
+_vec("round", torch.round, 1, "round half to even")
+_vec("fmod", torch.fmod, 2, "a mod b (sign of a, C semantics)")
+_vec("truncdiv", lambda a, b: torch.div(a, b, rounding_mode="trunc"), 2, "a / b rounded toward zero")
+_vec("copysign", lambda a, b: torch.copysign(_f(a), _f(b)), 2, "|a| with the sign of b")
+_vec("signbit", torch.signbit, 1, "sign bit of a -> bool", result="bool")
+_vec("nextafter", lambda a, b: torch.nextafter(_f(a), _f(b)), 2, "next float after a toward b")
+for _n, _fn in [("bitwise_and", torch.bitwise_and), ("bitwise_or", torch.bitwise_or),
+                ("bitwise_xor", torch.bitwise_xor), ("bitwise_left_shift", torch.bitwise_left_shift),
+                ("bitwise_right_shift", torch.bitwise_right_shift)]:
+    _vec(_n, _fn, 2, f"{_n} of integers or bools")
+_vec("bitwise_not", torch.bitwise_not, 1, "bitwise not of integers or bools")
+_vec("logical_xor", torch.logical_xor, 2, "a xor b -> bool", result="bool")
+for _n, _fn, _d in [("log10", torch.log10, "log10 a"), ("tan", torch.tan, "tan a"), ("sinh", torch.sinh, "sinh a"),
+                    ("cosh", torch.cosh, "cosh a"), ("atan", torch.atan, "atan a"), ("asin", torch.asin, "asin a"),
+                    ("acos", torch.acos, "acos a"), ("asinh", torch.asinh, "asinh a"), ("acosh", torch.acosh, "acosh a"),
+                    ("atanh", torch.atanh, "atanh a"), ("erfc", torch.erfc, "1 - erf a"),
+                    ("erfinv", torch.erfinv, "inverse of erf"), ("lgamma", torch.lgamma, "ln |gamma(a)|"),
+                    ("digamma", torch.digamma, "d/da ln gamma(a)")]:
+    _vec(_n, (lambda g: (lambda a: g(_f(a))))(_fn), 1, _d, True)
+_vec("atan2", lambda a, b: torch.atan2(_f(a), _f(b)), 2, "atan(a / b) with quadrant", True)
+_vec("hypot", lambda a, b: torch.hypot(_f(a), _f(b)), 2, "sqrt(a*a + b*b)", True)
+
 
 def _cast_fn(dtype: torch.dtype):
     """Semantics of a cast on host values: float values stay fp32 (the card rounds where it writes
