@@ -79,3 +79,15 @@ class SpyreKernel:
 
     def __repr__(self) -> str:
         return f"SpyreKernel({self.name})"
+
+
+def compiled_region(call: Any) -> Any:
+    """Run a compiled graph with host fallbacks labelled ``compiled`` (profiler, events)."""
+    from ..device import fallback
+
+    def run(args: Any) -> Any:
+        with fallback.context("compiled"):
+            return call(args)
+
+    run.__wrapped__ = call  # type: ignore[attr-defined]
+    return run
