@@ -32,6 +32,19 @@ def _cmd_hw(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ops(args: argparse.Namespace) -> int:
+    import torch  # noqa: F401  (autoloads the spyre device)
+
+    if args.backend != "standalone":
+        print(f"vspyre ops: backend {args.backend!r} has no op listing here (known: standalone)")
+        return 2
+    from . import standalone
+
+    for op, kind, how in standalone.op_table_rows():
+        print(f"{op:60s} {kind:7s} {how}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vspyre", description="A virtual Spyre-class AI accelerator for PyTorch")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -40,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("hw", help="print the hardware config (active, or a preset)")
     p.add_argument("--preset", choices=None, help="a preset name instead of the active config")
     p.set_defaults(fn=_cmd_hw)
+    p = sub.add_parser("ops", help="list the ATen ops a compiler lowers natively")
+    p.add_argument("--backend", default="standalone", help="which compiler (standalone)")
+    p.set_defaults(fn=_cmd_ops)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,398 @@
+"""The standalone graph compiler: ATen FX graph -> passes -> op table -> a runner of tile programs.
+
+Pipeline (``compile_graph``), per forward graph AOTAutograd hands over:
+
+1. graph passes (:mod:`.passes`): constant folding, no-op clone removal, the fixed pattern
+   fusions, dead-code removal;
+2. instruction selection: every ``call_function`` node is looked up in the op table
+   (:data:`.lowerings.TABLE`): a *kernel* (one tile program), a *view* (metadata, no kernel), a
+   *fused* pattern (one program for several ATen ops), or - not in the table - a **host fallback
+   node**;
+3. buffer planning: intermediates with static shapes get slots of a per-graph arena, reused by
+   liveness (best fit), allocated once and kept across calls; graph outputs (and anything a view
+   of them aliases) are always fresh allocations;
+4. a runner that walks the instructions, launching programs through ``vspyre.runtime.launch``
+   (``source="standalone"``, so ``torch.spyre.profile()`` and the Chrome trace see them).
+
+Fallback policy: an op without a lowering runs as a host fallback node *inside* the compiled
+graph: the ATen op is called on the device tensors, which the device's counted host fallback
+runs on the host (labelled ``compiled`` in the trace). Such ops are recorded per graph
+(:func:`vspyre.standalone.report`) and at run time (``fallback_calls``). In strict mode
+(``torch.spyre.set_fallback_mode("strict")``) a fallback node raises
+``HostFallbackError`` naming the op instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from .. import runtime
+from ..device import fallback as dev_fallback
+from . import lowerings as L
+from . import passes
+
+log = logging.getLogger("vspyre.standalone")
+_ids = itertools.count()
+
+
+# ------------------------------------------------------------------------------ report
+@dataclass
+class GraphReport:
+    name: str
+    native: collections.Counter = field(default_factory=collections.Counter)     # ATen op -> nodes lowered to kernels
+    views: collections.Counter = field(default_factory=collections.Counter)      # metadata-only nodes
+    fallback: collections.Counter = field(default_factory=collections.Counter)   # ATen op -> host fallback nodes
+    fusions: collections.Counter = field(default_factory=collections.Counter)    # pattern -> times fired
+    fused_ops: collections.Counter = field(default_factory=collections.Counter)  # ATen ops absorbed by fusions
+    folded: int = 0
+    dce_removed: int = 0
+    clones_removed: int = 0
+    kernels: int = 0                  # launching nodes per call
+    arena_bytes: int = 0
+    unplanned_bytes: int = 0          # what the same intermediates take without reuse
+    compile_s: float = 0.0
+
+    @property
+    def native_ops(self) -> int:
+        """ATen op nodes run natively on the card (kernels, views and those inside fusions)."""
+        return sum(self.native.values()) + sum(self.views.values()) + sum(self.fused_ops.values())
+
+    @property
+    def fallback_ops(self) -> int:
+        return sum(self.fallback.values())
+
+    def text(self) -> str:
+        lines = [f"graph {self.name}: {self.kernels} kernel nodes, {self.native_ops} ATen ops native, "
+                 f"{self.fallback_ops} host-fallback nodes; folded {self.folded}, DCE removed {self.dce_removed}, "
+                 f"no-op clones removed {self.clones_removed}; arena {self.arena_bytes} B "
+                 f"(vs {self.unplanned_bytes} B unplanned); compiled in {self.compile_s * 1e3:.1f} ms"]
+        if self.fusions:
+            lines.append("  fusions: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.fusions.items())))
+        if self.fallback:
+            lines.append("  host fallback: " + ", ".join(f"{k} x{v}" for k, v in self.fallback.most_common()))
+        return "\n".join(lines)
+
+
+_graphs: list[GraphReport] = []
+_calls: collections.Counter = collections.Counter()     # runtime: fallback op -> calls
+
+
+def report() -> dict:
+    """What the standalone compiler did since the last reset: per graph and in total."""
+    tot = {k: collections.Counter() for k in ("native", "views", "fallback", "fusions", "fused_ops")}
+    for g in _graphs:
+        for k in tot:
+            tot[k].update(getattr(g, k))
+    return {"graphs": list(_graphs), **{k: dict(v.most_common()) for k, v in tot.items()},
+            "native_ops": sum(g.native_ops for g in _graphs), "fallback_ops": sum(g.fallback_ops for g in _graphs),
+            "fallback_calls": dict(_calls.most_common())}
+
+
+def report_text() -> str:
+    r = report()
+    head = (f"spyre_standalone: {len(r['graphs'])} graph(s), {r['native_ops']} ATen ops native, "
+            f"{r['fallback_ops']} host-fallback nodes ({r['fallback_calls'] or 'no calls'})")
+    return "\n".join([head] + [g.text() for g in r["graphs"]])
+
+
+def reset_report() -> None:
+    _graphs.clear()
+    _calls.clear()
+
+
+# ------------------------------------------------------------------------------ runtime context
+class Ctx:
+    """What a lowering's ``run`` gets: allocation (through the buffer plan), program memo, launch."""
+
+    def __init__(self, device: torch.device, mode: str | None = None) -> None:
+        self.device = device
+        self.mode = mode
+        self.slot: tuple | None = None        # (arena tensor) planned for the current node
+        self._memo: dict = {}
+
+    def alloc(self, shape: tuple, dtype: torch.dtype, fresh: bool = False) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        slot, self.slot = self.slot, None
+        if slot is not None and not fresh:
+            n = 1
+            for s in shape:
+                n *= s
+            nbytes = n * dtype.itemsize
+            if nbytes <= slot.numel() and nbytes % dtype.itemsize == 0:
+                return slot[:nbytes].view(dtype).view(shape)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def memo(self, key: Any, build: Callable) -> Any:
+        p = self._memo.get(key)
+        if p is None:
+            p = self._memo[key] = build()
+        return p
+
+    def launch(self, prog, *tensors: torch.Tensor) -> None:
+        runtime.launch(prog, *tensors, mode=self.mode, source="standalone")
+
+    def pointwise(self, name: str, shape: tuple, odt: torch.dtype, tensors: list, expr: Any,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+        from . import kernels as K
+        from .kernels import spec
+        if out is None:
+            out = self.alloc(shape, odt)
+        key = ("pw", name, spec(out), tuple(spec(t) for t in tensors), expr)
+        prog = self.memo(key, lambda: K.pointwise(name, spec(out), tuple(spec(t) for t in tensors), expr))
+        self.launch(prog, *tensors, out)
+        return out
+
+    def host_fallback(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        name = L._opname(op)
+        if dev_fallback.get_mode() == "strict":
+            raise dev_fallback.HostFallbackError(
+                f"spyre_standalone: {name} has no lowering in the standalone compiler and would run as a host "
+                f"fallback; strict fallback mode forbids that (torch.spyre.set_fallback_mode('allow') permits it)")
+        _calls[name] += 1
+        with dev_fallback.context("compiled"):
+            return op(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------ buffer planning
+def _base(node: fx.Node, kinds: dict) -> fx.Node:
+    """The node whose memory ``node``'s value lives in (views alias their first input)."""
+    while kinds.get(node) == "view" and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def plan_buffers(graph: fx.Graph, kinds: dict) -> tuple[dict, list[int], int]:
+    """Greedy best-fit slot assignment by liveness over the node order.
+
+    Returns ({node: slot index}, slot sizes in bytes, bytes the same values take unplanned).
+    Only single-tensor results of kernel/fused nodes with static shapes are planned; values that
+    reach the graph output (through views) are never planned.
+    """
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    out_node = nodes[-1]
+    escaping = set()
+    for a in out_node.all_input_nodes:
+        escaping.add(_base(a, kinds))
+    last = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            b = _base(a, kinds)
+            last[b] = max(last.get(b, -1), pos[n])
+    # tuple-valued nodes: their getitems are views of their outputs: outputs escape if getitems do
+    for n in nodes:
+        if n.target is operator.getitem and _base(n, kinds) in escaping:
+            escaping.add(n)
+    free: list[int] = []
+    sizes: list[int] = []
+    assign: dict = {}
+    unplanned = 0
+    dying: dict[int, list] = collections.defaultdict(list)
+    for n in nodes:
+        i = pos[n]
+        v = n.meta.get("val")
+        if (kinds.get(n) in ("kernel", "fused") and isinstance(v, torch.Tensor) and n not in escaping
+                and all(isinstance(s, int) for s in v.shape) and n in last):
+            nbytes = max(1, v.numel()) * v.dtype.itemsize
+            nbytes = (nbytes + 127) // 128 * 128
+            unplanned += nbytes
+            best = None
+            for s in free:
+                if sizes[s] >= nbytes and (best is None or sizes[s] < sizes[best]):
+                    best = s
+            if best is None and free:      # grow the largest free slot instead of adding one
+                best = max(free, key=lambda s: sizes[s])
+                sizes[best] = nbytes
+            if best is None:
+                sizes.append(nbytes)
+                best = len(sizes) - 1
+            else:
+                free.remove(best)
+            assign[n] = best
+            dying[last[n]].append(best)
+        for s in dying.pop(i, []):
+            free.append(s)
+    return assign, sizes, unplanned
+
+
+# ------------------------------------------------------------------------------ compile
+def _node_kind(n: fx.Node) -> str:
+    if n.op != "call_function":
+        return n.op
+    low = L.TABLE.get(n.target)
+    return low.kind if low is not None else "fallback"
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = None) -> Callable:
+    """Compile an ATen-level FX graph (from AOTAutograd) into a boxed callable running on the card."""
+    t0 = time.perf_counter()
+    rep = GraphReport(name or f"graph{next(_ids)}")
+    passes.run_all(gm, rep)
+    kinds = {n: _node_kind(n) for n in gm.graph.nodes}
+    for n, k in kinds.items():
+        if n.op != "call_function":
+            continue
+        opname = L._opname(n.target)
+        if k == "kernel":
+            rep.native[opname] += 1
+            rep.kernels += 1
+        elif k == "fused":
+            rep.kernels += 1
+        elif k == "view":
+            if n.target is not operator.getitem:
+                rep.views[opname] += 1
+        else:
+            rep.fallback[opname] += 1
+    assign, sizes, unplanned = plan_buffers(gm.graph, kinds)
+    rep.arena_bytes, rep.unplanned_bytes = sum(sizes), unplanned
+
+    device = None
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == "spyre":
+            device = x.device
+            break
+    device = device or torch.device("spyre", torch.spyre.current_device())
+
+    nodes = list(gm.graph.nodes)
+    idx = {n: i for i, n in enumerate(nodes)}
+    last_use: dict[int, int] = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            last_use[idx[a]] = idx[n]
+    frees: dict[int, list[int]] = collections.defaultdict(list)
+    for j, i in last_use.items():
+        frees[i].append(j)
+
+    def ref(a):
+        return fx.node.map_arg(a, lambda x: _Ref(idx[x]))
+
+    instrs = []
+    placeholders = []
+    consts = {}
+    for n in nodes:
+        i = idx[n]
+        if n.op == "placeholder":
+            placeholders.append(i)
+            continue
+        if n.op == "get_attr":
+            consts[i] = _fetch_attr(gm, n.target)
+            continue
+        if n.op == "output":
+            out_spec = ref(n.args[0])
+            continue
+        k = kinds[n]
+        if k == "fallback":
+            op = n.target
+            fn = (lambda op: (lambda ctx, *a, **kw: ctx.host_fallback(op, *a, **kw)))(op)
+        else:
+            fn = L.TABLE[n.target].make(n)
+        instrs.append((i, fn, ref(tuple(n.args)), ref(dict(n.kwargs)), assign.get(n), tuple(frees.get(i, ()))))
+
+    arena: list[torch.Tensor | None] = [None] * len(sizes)
+    dev_consts: dict[int, Any] = {}
+    ctx = Ctx(device)
+    nvals = len(nodes)
+
+    def run(args: list) -> Any:
+        env: list[Any] = [None] * nvals
+        for i, a in zip(placeholders, args):
+            env[i] = a
+        args.clear()
+        if not dev_consts and consts:
+            for i, c in consts.items():
+                dev_consts[i] = c.to(device) if isinstance(c, torch.Tensor) and c.device != device else c
+        for i, c in dev_consts.items():
+            env[i] = c
+
+        def get(x):
+            return env[x.i]
+        with dev_fallback.context("compiled"):
+            for i, fn, a, kw, slot, free in instrs:
+                if slot is not None:
+                    if arena[slot] is None:
+                        arena[slot] = torch.empty(sizes[slot], dtype=torch.uint8, device=device)
+                    ctx.slot = arena[slot]
+                env[i] = fn(ctx, *_resolve(a, get), **_resolve(kw, get))
+                ctx.slot = None
+                for j in free:
+                    if j not in dev_consts:
+                        env[j] = None
+            return _resolve(out_spec, get)
+
+    run._boxed_call = True
+    rep.compile_s = time.perf_counter() - t0
+    _graphs.append(rep)
+    log.info("%s", rep.text())
+    d = os.environ.get("VSPYRE_DUMP_DIR")
+    if d:
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"standalone.{rep.name}.graph.txt"), "w") as fh:
+            fh.write(rep.text() + "\n\n" + gm.print_readable(print_output=False))
+    run.report = rep
+    run.graph_module = gm
+    return run
+
+
+class _Ref:
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def _resolve(a: Any, get: Callable) -> Any:
+    if isinstance(a, _Ref):
+        return get(a)
+    if isinstance(a, tuple):
+        return tuple(_resolve(x, get) for x in a)
+    if isinstance(a, list):
+        return [_resolve(x, get) for x in a]
+    if isinstance(a, dict):
+        return {k: _resolve(v, get) for k, v in a.items()}
+    return a
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ------------------------------------------------------------------------------ the Dynamo backend
+def _decompositions() -> dict:
+    """The decompositions the standalone compiler asks AOTAutograd for: a short hand-picked list
+    (ops it would rather see as simpler ATen ops); everything else reaches the op table as is."""
+    from torch._decomp import get_decompositions
+    aten = torch.ops.aten
+    return get_decompositions([
+        aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.addcmul, aten.addcdiv,
+        aten.native_dropout, aten.dropout, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.mish,
+        aten.glu, aten.elu, aten.linspace, aten.logsumexp, aten.native_group_norm,
+    ])
+
+
+def _bw_eager(gm: fx.GraphModule, example_inputs: list) -> Callable:
+    """Backward graphs are not compiled: they run eagerly on the device (host fallbacks, counted)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    return make_boxed_func(gm.forward)
+
+
+def spyre_standalone(gm: fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
+    """``torch.compile(model, backend="spyre_standalone")``."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def fw(g, ex):
+        return compile_graph(g, ex)
+    return aot_module_simplified(gm, example_inputs, fw_compiler=fw, bw_compiler=_bw_eager,
+                                 decompositions=_decompositions())
