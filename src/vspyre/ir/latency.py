@@ -238,6 +238,26 @@ def estimate_schedule(s: Schedule, segments: bool = True) -> Estimate:
     slow = max(range(len(core_cycles)), key=lambda i: core_cycles[i]) if core_cycles else None
     core_time = core_cycles[slow] * cyc_us if slow is not None else 0.0
     dma_c, comp_c, ring_c = parts[slow] if slow is not None else (0.0, 0.0, 0.0)
+    relay_us = 0.0
+    for i in sorted(s.relayout):
+        # Re-lay once before the main phase: every core streams its share of the operand in,
+        # transposes it in the scratchpad and writes it back; read + write in whole sticks at the
+        # card's aggregate bandwidth. Charged to the slowest core's DMA time.
+        a = s.access[i]
+        elems = 1
+        for d in a.dims:
+            elems *= s.extents[p.dim_names.index(d)]
+        nbytes = 2 * math.ceil(elems * a.itemsize / cfg.stick_bytes) * cfg.stick_bytes
+        acc.dma_bytes += nbytes
+        t = nbytes / cfg.device_memory_bandwidth * 1e6
+        relay_us += t
+        dma_c += t / cyc_us
+        if segs is not None:
+            segs.extend(trace.Segment(c.core, "dma_in", launch_us, t, f"re-lay {p.body[i].buffer}") for c in s.cores)
+    if relay_us and segs is not None:
+        segs[:] = [g if g.kind == "launch" or g.label.startswith("re-lay") else
+                   trace.Segment(g.core, g.kind, g.start_us + relay_us, g.dur_us, g.label) for g in segs]
+    core_time += relay_us
     us = launch_us + core_time
     if launch_us >= core_time:
         bottleneck = "launch"

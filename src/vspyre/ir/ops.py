@@ -51,6 +51,7 @@ class Access:
     unit_var: str | None      # dim with address stride 1, if any
     contiguous: bool
     reason: str               # human-readable: why (for the text form and the docs)
+    relayout: bool = False    # re-laid once before the kernel (restickify), then read in sticks
 
 
 @dataclass
@@ -394,7 +395,7 @@ def _feeds(p: Program, value: str) -> list[tuple[Any, str]]:
     return out
 
 
-def access_layout(p: Program, sizes: Mapping[str, int]) -> dict[int, Access]:
+def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int] = frozenset()) -> dict[int, Access]:
     """Decide, per Load/Store, whether its DMA moves whole sticks along a stride-1 dim.
 
     Rules (docs/latency-model.md, "DMA"): an access is *contiguous* if its address has stride 1
@@ -403,6 +404,9 @@ def access_layout(p: Program, sizes: Mapping[str, int]) -> dict[int, Access]:
     output's stick dim, for other loads either a reduction dim (a reduction along the stick) or
     the kernel's output stick dim (the stride-1 dim of the first store). Anything else (a
     transposed operand, a gather, a non-affine index) moves one stick per element.
+
+    ``relayout``: indices of transposed matmul operands the planner chose to re-lay once (see
+    :func:`relayout_candidates`): they are read in sticks along the dim the matmul wants.
     """
     an = p.analysis
     dims = p.dim_names
@@ -459,5 +463,24 @@ def access_layout(p: Program, sizes: Mapping[str, int]) -> dict[int, Access]:
                                 f"stride-1 dim {u} is not the output stick dim {out_stick}: transposed")
         else:
             ok = (u == wanted)
-            res[i] = Access(adims, b.itemsize, u, ok, f"sticks along {u}" if ok else f"transposed: {why}")
+            if not ok and i in relayout and wanted is not None:
+                res[i] = Access(adims, b.itemsize, wanted, True, f"re-laid once so that {wanted} is in the stick",
+                                relayout=True)
+            else:
+                res[i] = Access(adims, b.itemsize, u, ok, f"sticks along {u}" if ok else f"transposed: {why}")
     return res
+
+
+def relayout_candidates(p: Program, sizes: Mapping[str, int]) -> list[int]:
+    """Loads that feed a matmul with their stride-1 dim in the wrong place (a transposed operand).
+
+    Each can be read at its real cost (a stick per element) or re-laid once ("restickify": read in
+    sticks along its stride-1 dim, written back with the wanted dim in the stick) and then read in
+    sticks; the planner asks the latency model which is cheaper.
+    """
+    out = []
+    for i, a in access_layout(p, sizes).items():
+        op = p.body[i]
+        if isinstance(op, Load) and not a.contiguous and a.unit_var is not None and a.reason.startswith("transposed: matmul"):
+            out.append(i)
+    return out

@@ -18,7 +18,7 @@ import torch
 
 from .. import hardware
 from ..hardware import HardwareConfig
-from .ops import Access, access_layout
+from .ops import Access, access_layout, relayout_candidates
 from .program import (Buffer, Load, Matmul, Program, ProgramError, Reduce, Split, Store, TilePlan,
                       WorkDivision, _bind)
 
@@ -57,6 +57,7 @@ class Schedule:
     access: dict[int, Access]
     ring_dim: str | None                   # the split dim combined over the ring (if any)
     cfg: HardwareConfig = field(repr=False, default=None)
+    relayout: frozenset = frozenset()      # Load indices re-laid once before the kernel
 
     @property
     def num_cores(self) -> int:
@@ -77,7 +78,11 @@ class Schedule:
         p = self.program
         sp = ", ".join(f"{d}/{n} chunk={c}" for d, n, c, _ in self.splits) or "none (1 core)"
         tl = ", ".join(f"{d}={t}" for d, t in zip(p.dim_names, self.tiles))
-        return f"cores={self.num_cores} split: {sp}; tile: {tl}; double_buffer={self.double_buffer}"
+        rl = ""
+        if self.relayout:
+            names = ", ".join(sorted(p.body[i].buffer for i in self.relayout))
+            rl = f"; re-laid once: {names}"
+        return f"cores={self.num_cores} split: {sp}; tile: {tl}; double_buffer={self.double_buffer}{rl}"
 
 
 # ------------------------------------------------------------------------------ analysis helpers
@@ -196,16 +201,23 @@ def _check_division(p: Program, division: WorkDivision, cfg: HardwareConfig) -> 
 
 
 def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
-            division: WorkDivision | None = None, tiles: TilePlan | None = None) -> Schedule:
-    """The concrete schedule of ``p`` for bound ``sizes`` (planning what the program leaves open)."""
+            division: WorkDivision | None = None, tiles: TilePlan | None = None,
+            relayout: frozenset[int] | None = None) -> Schedule:
+    """The concrete schedule of ``p`` for bound ``sizes`` (planning what the program leaves open).
+
+    ``relayout=None``: the stick-aware access pass decides, for every transposed matmul operand,
+    whether to read it at its real cost or re-lay it once, by the latency model's estimate.
+    """
     cfg = cfg or hardware.get_config()
+    if relayout is None:
+        return _resolve_relayout(p, sizes, cfg, division, tiles)
     ext = bind_sizes(p, sizes)
-    access = access_layout(p, sizes)
+    access = access_layout(p, sizes, relayout)
     sticks = stick_dims(p, access, cfg)
     division = division or p.division
     tiles = tiles or p.tiles
     if division is None:
-        division = pick_division(p, sizes, cfg, tiles=tiles)
+        division = pick_division(p, sizes, cfg, tiles=tiles, relayout=relayout)
     ring_dim = _check_division(p, division, cfg)
     splits = []
     for s in division.splits:
@@ -235,7 +247,33 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
         t, db = size_tiles(p, core_ext, sticks, cfg, budget,
                            double_buffer=None if tiles is None else tiles.double_buffer)
     return Schedule(p, dict(sizes), tuple(ext[d] for d in p.dim_names), tuple(splits),
-                    tuple(t[d] for d in p.dim_names), bool(db), tuple(cores), access, ring_dim, cfg)
+                    tuple(t[d] for d in p.dim_names), bool(db), tuple(cores), access, ring_dim, cfg,
+                    frozenset(relayout))
+
+
+def _resolve_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision | None,
+                      tiles: TilePlan | None) -> Schedule:
+    """Stick-aware access: try reading each transposed matmul operand as is or re-laid once."""
+    from .latency import estimate_schedule
+
+    cands = relayout_candidates(p, sizes)
+    if not cands:
+        return resolve(p, sizes, cfg, division, tiles, relayout=frozenset())
+    best = None
+    err: Exception | None = None
+    for n in range(len(cands) + 1):
+        for subset in itertools.combinations(cands, n):
+            try:
+                s = resolve(p, sizes, cfg, division, tiles, relayout=frozenset(subset))
+            except (ScheduleError, ProgramError) as e:
+                err = e
+                continue
+            us = estimate_schedule(s, segments=False).us
+            if best is None or us < best[0]:
+                best = (us, s)
+    if best is None:
+        raise err if err else ScheduleError(f"program {p.name}: no schedule")
+    return best[1]
 
 
 def size_tiles(p: Program, core_ext: Mapping[str, int], sticks: Mapping[str, int], cfg: HardwareConfig,
@@ -314,7 +352,7 @@ def legal_divisions(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | 
 
 
 def pick_division(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
-                  tiles: TilePlan | None = None) -> WorkDivision:
+                  tiles: TilePlan | None = None, relayout: frozenset[int] = frozenset()) -> WorkDivision:
     """The legal division with the lowest estimated time (ties: fewer cores)."""
     from .latency import estimate_schedule
 
@@ -322,7 +360,7 @@ def pick_division(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | No
     best = None
     for w in legal_divisions(p, sizes, cfg):
         try:
-            s = resolve(p, sizes, cfg, division=w, tiles=tiles)
+            s = resolve(p, sizes, cfg, division=w, tiles=tiles, relayout=relayout)
         except (ScheduleError, ProgramError):
             continue
         est = estimate_schedule(s, segments=False)
