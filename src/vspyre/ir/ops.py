@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from ..hardware import HardwareConfig
-from .indexing import affine_form, free_names, sym
+from .indexing import affine_form, compile_expr, free_names, sym
 from .program import Load, Matmul, Program, Reduce, Store, Compute
 
 __all__ = ["OpDef", "OPS", "Cost", "TileCtx", "Access", "access_layout", "result_dtype", "REDUCE_IMPL"]
@@ -52,6 +52,7 @@ class Access:
     contiguous: bool
     reason: str               # human-readable: why (for the text form and the docs)
     relayout: bool = False    # re-laid once before the kernel (restickify), then read in sticks
+    run: int | None = None    # for a non-affine index: length of its stride-1 runs along unit_var
 
 
 @dataclass
@@ -237,7 +238,7 @@ def _dma_cost(unit: str):
         if not acc.dims:
             sticks = 1
         elif acc.contiguous:
-            inner = t.ext[acc.unit_var]
+            inner = t.ext[acc.unit_var] if acc.run is None else max(1, min(t.ext[acc.unit_var], acc.run))
             sticks = (elems // inner) * math.ceil(inner * acc.itemsize / sb)
         else:
             sticks = elems
@@ -433,7 +434,12 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
         for n in ind:
             adims |= an.dims[n]
         if form is None:
-            res[i] = Access(adims, b.itemsize, None, False, "gather (non-affine or indirect index)")
+            run = _stride1_run(op.index, [d for d in dims if d in adims], sizes, b.itemsize)
+            if run is not None:
+                u, n = run
+                res[i] = Access(adims, b.itemsize, u, True, f"runs of {n} along {u} (view or row gather)", run=n)
+            else:
+                res[i] = Access(adims, b.itemsize, None, False, "gather (non-affine or indirect index)")
             continue
         coefs = form[1]
         unit = [d for d, c in coefs.items() if c == 1]
@@ -469,6 +475,41 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
             else:
                 res[i] = Access(adims, b.itemsize, u, ok, f"sticks along {u}" if ok else f"transposed: {why}")
     return res
+
+
+def _stride1_run(index: Any, dims: list[str], sizes: Mapping[str, int], itemsize: int,
+                 probe: int = 4096) -> tuple[str, int] | None:
+    """A non-affine index (a view's FloorDiv/ModularIndexing, a row gather ``W*%i + x``) that still
+    walks memory in stride-1 runs of at least a stick along one dim: ``(dim, typical run)``.
+
+    Probed numerically along each dim (innermost first) with the other dims and any indirect
+    values at 0: the run is the mean length of the stretches where the address steps by 1.
+    """
+    from ..hardware import get_config
+
+    stick = get_config().stick_bytes
+    e = index.xreplace({sym(k): sympy.Integer(v) for k, v in sizes.items()})
+    try:
+        fn = compile_expr(e)
+    except NotImplementedError:
+        return None
+    names = free_names(e)
+    for u in reversed(dims):
+        n = min(probe, int(sizes.get(u, probe)) if u in sizes else probe)
+        env = {k: 0 for k in names}
+        env[u] = torch.arange(n + 1)
+        try:
+            addr = torch.as_tensor(fn(env)).reshape(-1)
+        except Exception:  # noqa: BLE001 - an index we cannot probe is a gather
+            return None
+        if addr.numel() != n + 1:
+            continue
+        steps = (addr[1:] - addr[:-1]) == 1
+        breaks = int((~steps).sum()) + 1
+        run = (n + 1) // breaks
+        if run * itemsize >= stick:
+            return u, run
+    return None
 
 
 def relayout_candidates(p: Program, sizes: Mapping[str, int]) -> list[int]:
