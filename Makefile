@@ -20,7 +20,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fallback.py
-	@if [ -f benchmarks/bench_runtime.py ]; then $(BIN)/python benchmarks/bench_runtime.py; fi
+	$(BIN)/python benchmarks/bench_runtime.py
+	$(BIN)/python benchmarks/bench_inductor.py
+	$(BIN)/python benchmarks/bench_standalone.py
 
 install: $(STAMP)
 
