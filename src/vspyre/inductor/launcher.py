@@ -9,6 +9,8 @@ integer sizes.
 
 from __future__ import annotations
 
+import collections
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -17,7 +19,28 @@ from .. import runtime
 from ..device import _C
 from ..ir import ProgramBuilder
 
-__all__ = ["SpyreKernel"]
+__all__ = ["SpyreKernel", "compiled_region", "note_compiled_fallbacks", "compiled_fallbacks",
+           "reset_compiled_fallbacks"]
+
+_lock = threading.Lock()
+_compiled_fallbacks: collections.Counter[str] = collections.Counter()
+
+
+def note_compiled_fallbacks(ops: Sequence[str]) -> None:
+    """Called by a compiled module when it loads: the ops it runs as host fallbacks."""
+    with _lock:
+        _compiled_fallbacks.update(ops)
+
+
+def compiled_fallbacks() -> dict[str, int]:
+    """Ops that compiled spyre graphs run as host fallbacks (counted once per loaded graph)."""
+    with _lock:
+        return dict(_compiled_fallbacks.most_common())
+
+
+def reset_compiled_fallbacks() -> None:
+    with _lock:
+        _compiled_fallbacks.clear()
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,38 @@
-"""The matmul family on the systolic array.
+"""The matmul family on the systolic array, and a few lowerings that keep work on the card.
 
 Inductor already knows how to lower ``mm``/``bmm``/``addmm``/``baddbmm`` as a *native matmul*:
 ``ops.dot`` followed by ``reduction("dot")``, with pointwise epilogues fused into the same kernel
 (bias, activation, residual, scaling). Upstream enables that form only for Triton on GPUs; this
 module enables it for ``spyre`` tensors, and the card's kernel turns the pair into one systolic
-``Matmul``. Nothing else of Inductor's lowering is replaced.
+``Matmul``.
+
+For ``spyre`` tensors only (every other device keeps Inductor's own lowering) it also registers:
+
+* ``aten.convolution`` (2-D, not transposed, any ``groups``) as an *implicit GEMM* in the same
+  native-matmul form: a ``reduction("dot")`` with ranges ``[N*G, OC/G, OH*OW]`` (the kernel's
+  ``z``, ``y``, ``x``) over one reduction range ``r = (ic, kh, kw)`` of size ``C/G*KH*KW``. Operand
+  ``a`` is the input patch ``x[n, g*C/G + ic, oh*s-p+kh*d, ow*s-p+kw*d]`` (masked to 0 in the
+  padding), varying along ``(z, x, r)``; operand ``b`` is ``w[g*OC/G + oc, ic, kh, kw]``, varying
+  along ``(y, r)`` (and ``z`` when grouped). ``z`` is then a batch dim, ``x`` is M, ``y`` is N, and
+  the output ``[N*G, OC/G, OH*OW]`` is the contiguous NCHW output, viewed as ``[N, OC, OH, OW]``.
+  The bias is a pointwise add Inductor fuses as the Matmul's epilogue. Inductor's channels-last
+  layout optimisation is turned off for graphs whose convolutions run on the card.
+* ``aten.cumsum`` / ``aten.cumprod`` along a dim of size <= ``SCAN_MAX`` as a masked reduction:
+  ``out[..., i] = sum_j where(j <= i, x[..., j], 0)`` (product with 1 for ``cumprod``); the card
+  has no scan, so without this they run on the host.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
+import sympy
 import torch
 
 _MATMUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.uint8)
+_CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SCAN_MAX = 4096  # longest dim cumsum/cumprod lower as a masked reduction (quadratic work)
 
 
 def _on_spyre(x: Any) -> bool:
@@ -22,6 +41,192 @@ def _on_spyre(x: Any) -> bool:
     except Exception:  # noqa: BLE001 - not an IR node
         return False
     return d is not None and d.type == "spyre"
+
+
+def _static_ints(values: Any) -> list[int] | None:
+    out = []
+    for v in values:
+        try:
+            out.append(int(v))
+        except TypeError:
+            return None
+    return out
+
+
+# -- convolution ---------------------------------------------------------------------------------
+def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+                  transposed: bool, output_padding: Any, groups: int) -> Any | None:
+    """conv2d as a native matmul, or None (the caller then uses Inductor's own lowering)."""
+    from torch._inductor import ir
+    from torch._inductor.lowering import lowerings as L, range_mask
+    from torch._inductor.virtualized import ops
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    aten = torch.ops.aten
+    if transposed or not (_on_spyre(x) and _on_spyre(weight)) or (bias is not None and not _on_spyre(bias)):
+        return None
+    if x.get_dtype() not in _CONV_DTYPES or weight.get_dtype() != x.get_dtype():
+        return None
+    if len(x.get_size()) != 4 or len(weight.get_size()) != 4:
+        return None  # conv1d/conv3d and unbatched inputs: upstream
+    sizes = _static_ints(list(x.get_size()) + list(weight.get_size()))
+    params = _static_ints(list(stride) + list(padding) + list(dilation) + [groups])
+    if sizes is None or params is None or len(params) != 7:
+        return None
+    n, c, h, w, oc, cg, kh, kw = sizes
+    sh, sw, ph, pw, dh, dw, g = params
+    if g < 1 or c != cg * g or oc % g:
+        return None
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if min(n, oh, ow, oc) <= 0 or cg * kh * kw <= 1:
+        return None  # empty, or a 1-element reduction (Inductor would make it pointwise)
+    ocg = oc // g
+    rk = cg * kh * kw
+    dtype = x.get_dtype()
+    x_load = x.make_loader()
+    w_load = weight.make_loader()
+
+    def inner_fn(idx: Any, ridx: Any) -> Any:
+        z, yo, xo = idx
+        (r,) = ridx
+        grp = ModularIndexing(z, 1, g) if g > 1 else sympy.Integer(0)
+        bn = FloorDiv(z, g) if g > 1 else z
+        ic = FloorDiv(r, kh * kw)
+        ki = ModularIndexing(r, kw, kh)
+        kj = ModularIndexing(r, 1, kw)
+        hi = FloorDiv(xo, ow) * sh - ph + ki * dh
+        wi = ModularIndexing(xo, 1, ow) * sw - pw + kj * dw
+        cin = grp * cg + ic
+
+        def patch() -> Any:
+            return x_load([bn, cin, hi, wi])
+
+        if ph or pw:
+            masks = []
+            if ph:
+                masks.append(range_mask(hi, h, 0))
+            if pw:
+                masks.append(range_mask(wi, w, 0))
+            a = ops.masked(functools.reduce(ops.and_, masks), patch, 0.0)
+        else:
+            a = patch()
+        b = w_load([grp * ocg + yo, ic, ki, kj])
+        return ops.dot(a, b)
+
+    out = ir.Reduction.create(device=x.get_device(), dst_dtype=dtype, src_dtype=dtype, inner_fn=inner_fn,
+                              ranges=[n * g, ocg, oh * ow], reduction_ranges=[rk], reduction_type="dot")
+    out.realize()
+    out = L[aten.view.default](out, [n, oc, oh, ow])
+    if bias is not None:
+        out = L[aten.add.Tensor](out, L[aten.view.default](bias, [oc, 1, 1]))
+    return out
+
+
+def _register_convolution() -> None:
+    from torch._inductor.lowering import lowerings
+
+    aten = torch.ops.aten
+    for key in (aten.convolution, aten.convolution.default):
+        upstream = lowerings.get(key)
+        if upstream is None or getattr(upstream, "_vspyre", False):
+            continue
+
+        def convolution(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+                        transposed: Any, output_padding: Any, groups: Any, _upstream: Callable = upstream) -> Any:
+            out = _conv_as_gemm(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+            if out is None:
+                return _upstream(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+            return out
+
+        convolution._vspyre = True  # type: ignore[attr-defined]
+        lowerings[key] = convolution
+
+    # Channels-last layout optimisation would put copies around every conv of the card.
+    from torch._inductor.graph import GraphLowering
+
+    upstream_opt = GraphLowering.__dict__["decide_layout_opt"].__func__
+    if getattr(upstream_opt, "_vspyre", False):
+        return
+
+    def decide_layout_opt(gm: Any, *, is_inference: bool) -> bool:
+        for node in gm.graph.nodes:
+            if node.target is aten.convolution.default:
+                val = getattr(node.args[0], "meta", {}).get("val")
+                if isinstance(val, torch.Tensor) and val.device.type == "spyre":
+                    return False
+        return upstream_opt(gm, is_inference=is_inference)
+
+    decide_layout_opt._vspyre = True  # type: ignore[attr-defined]
+    GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
+
+
+# -- cumsum / cumprod ----------------------------------------------------------------------------
+def _scan_as_reduction(x: Any, axis: Any, dtype: Any, kind: str) -> Any | None:
+    """cumsum/cumprod along ``axis`` as a masked sum/prod reduction, or None (upstream)."""
+    from torch._inductor import ir
+    from torch._inductor.lowering import to_dtype
+    from torch._inductor.virtualized import ops
+
+    if not _on_spyre(x):
+        return None
+    size = list(x.get_size())
+    if not size:
+        return None
+    if dtype is None and (not x.get_dtype().is_floating_point and not x.get_dtype().is_complex):
+        dtype = torch.int64
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    dt = x.get_dtype()
+    if dt.is_complex or dt == torch.float64:
+        return None
+    axis = int(axis)
+    if axis < 0:
+        axis += len(size)
+    if not 0 <= axis < len(size):
+        return None
+    try:
+        length = int(size[axis])
+    except TypeError:
+        return None
+    if length > SCAN_MAX or length <= 1:
+        return None
+    loader = x.make_loader()
+    identity = 0 if kind == "sum" else 1
+
+    def inner_fn(idx: Any, ridx: Any) -> Any:
+        (j,) = ridx
+        src = list(idx)
+        i = src[axis]
+        src[axis] = j
+        keep = ops.le(ops.index_expr(j, torch.int64), ops.index_expr(i, torch.int64))
+        return ops.where(keep, loader(src), ops.constant(identity, dt))
+
+    out = ir.Reduction.create(device=x.get_device(), dst_dtype=dt, src_dtype=dt, inner_fn=inner_fn,
+                              ranges=size, reduction_ranges=[length], reduction_type=kind)
+    out.realize()
+    return out
+
+
+def _register_scans() -> None:
+    from torch._inductor.lowering import lowerings
+
+    aten = torch.ops.aten
+    for packet, kind in ((aten.cumsum, "sum"), (aten.cumprod, "prod")):
+        for key in (packet, packet.default):
+            upstream = lowerings.get(key)
+            if upstream is None or getattr(upstream, "_vspyre", False):
+                continue
+
+            def scan(x: Any, axis: Any = None, dtype: Any = None, _upstream: Callable = upstream,
+                     _kind: str = kind) -> Any:
+                out = _scan_as_reduction(x, axis, dtype, _kind) if axis is not None else None
+                if out is None:
+                    return _upstream(x, axis, dtype=dtype)
+                return out
+
+            scan._vspyre = True  # type: ignore[attr-defined]
+            lowerings[key] = scan
 
 
 def register() -> None:
@@ -40,3 +245,6 @@ def register() -> None:
 
         use_native_matmul._vspyre = True  # type: ignore[attr-defined]
         mod.use_native_matmul = use_native_matmul
+
+    _register_convolution()
+    _register_scans()

@@ -37,6 +37,12 @@ class SpyreScheduling(SIMDScheduling):
                 return cls.create_tiling(ranges, rranges)
         return cls.create_tiling([numel], [reduction_numel])
 
+    @classmethod
+    def get_tiling_and_scores(cls, node_schedule: Any, numel: sympy.Expr, reduction_numel: sympy.Expr = sympy.S.One,
+                              coalesce_analysis: Any = None) -> tuple[dict[str, sympy.Expr], Any]:
+        # Inductor's codegen_node asks this (not select_tiling) for the kernel's tiling.
+        return cls.select_tiling(node_schedule, numel, reduction_numel, coalesce_analysis), None
+
     def define_kernel(self, src_code: str, node_schedule: Any, kernel: SpyreKernel) -> str:
         wrapper = V.graph.wrapper_code
         if src_code in wrapper.src_to_kernel:

@@ -2,16 +2,15 @@
 
 Besides kernel launches, the wrapper is where a compiled graph's *host fallbacks* become visible:
 every extern/fallback kernel Inductor emits for a spyre graph runs on the host through the
-device's counted fallback. They are recorded at compile time (``compiled_fallbacks()``, logged),
+device's counted fallback. They are written into the compiled module, which records them when it
+loads, also from the FX graph cache (``compiled_fallbacks()``, logged),
 forbidden when the fallback mode is ``strict`` (a compile error naming the op), and at run time
 the whole graph runs inside ``fallback.context("compiled")`` so the profiler labels them.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 from typing import Any
 
 from torch._inductor.codegen.common import IndentedBuffer
@@ -19,22 +18,9 @@ from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPython
 from torch._inductor.virtualized import V
 
 from ..device import fallback as device_fallback
+from .launcher import compiled_fallbacks, reset_compiled_fallbacks  # noqa: F401 (public here)
 
 log = logging.getLogger("vspyre.inductor")
-
-_lock = threading.Lock()
-_compiled_fallbacks: collections.Counter[str] = collections.Counter()
-
-
-def compiled_fallbacks() -> dict[str, int]:
-    """Ops that compiled spyre graphs run as host fallbacks (counted once per compiled graph)."""
-    with _lock:
-        return dict(_compiled_fallbacks.most_common())
-
-
-def reset_compiled_fallbacks() -> None:
-    with _lock:
-        _compiled_fallbacks.clear()
 
 
 def _op_name(node: Any) -> str:
@@ -72,8 +58,7 @@ class _LaunchTilePrograms:
             raise device_fallback.HostFallbackError(
                 f"spyre: {name} has no device kernel in the compiled graph and would run on the host; "
                 f"strict fallback mode forbids that")
-        with _lock:
-            _compiled_fallbacks[name] += 1
+        self.__dict__.setdefault("_spyre_fallbacks", []).append(name)
         log.info("compiled spyre graph runs %s as a host fallback", name)
         self.writeline(f"# host fallback on the card: {name}")  # type: ignore[attr-defined]
 
@@ -104,5 +89,7 @@ class SpyreWrapperCodegen(_LaunchTilePrograms, PythonWrapperCodegen):
 
     def generate_after_suffix(self, result: IndentedBuffer) -> None:
         super().generate_after_suffix(result)
-        result.writeline("from vspyre.inductor.launcher import compiled_region")
+        result.writeline("from vspyre.inductor.launcher import compiled_region, note_compiled_fallbacks")
+        # Recorded when the module loads, so a graph from the FX cache reports its fallbacks too.
+        result.writeline(f"note_compiled_fallbacks({self.__dict__.get('_spyre_fallbacks', [])!r})")
         result.writeline("call = compiled_region(call)")
