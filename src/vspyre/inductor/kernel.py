@@ -20,11 +20,10 @@ latency model (``vspyre.ir.planning``), so a dynamic-shape kernel is planned per
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any
 
 import sympy
 import torch
-from torch._inductor import ir as inductor_ir
 from torch._inductor.codegen.common import CSEProxy, CSEVariable, DeferredLine, IndentedBuffer, Kernel, OpOverrides
 from torch._inductor.codegen.simd import IterationRangesEntry, SIMDKernel
 from torch._inductor.utils import sympy_subs
@@ -351,4 +350,5 @@ class SpyreKernel(SIMDKernel):
                                      triton=False, arg_types=arg_types)
 
     def scalar_args(self) -> list[str]:
+        """The kernel's size arguments, in call order (after the buffers)."""
         return list(self.args.sizevars.values())

@@ -8,7 +8,6 @@ import sympy
 from torch._inductor import ir as inductor_ir
 from torch._inductor.codegen.common import BackendFeature, IndentedBuffer
 from torch._inductor.codegen.simd import SIMDScheduling
-from torch._inductor.codegen.simd_kernel_features import SIMDKernelFeatures  # noqa: F401 (kept for readers)
 from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.utils import OrderedSet, get_kernel_metadata
 from torch._inductor.virtualized import V

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .. import trace
 from .ops import OPS, Cost, TileCtx
 from .planning import CoreWork, Schedule, iter_tiles
-from .program import Load, Program, RingReduce, Store
+from .program import RingReduce
 
 __all__ = ["Estimate", "estimate_schedule", "StepCost", "MAX_TRACE_STEPS"]
 

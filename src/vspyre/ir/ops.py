@@ -19,7 +19,7 @@ Cost convention: ``cost(cfg, op, tile)`` returns a :class:`Cost` for one tile, w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import sympy

@@ -19,7 +19,7 @@ import torch
 from .. import hardware
 from ..hardware import HardwareConfig
 from .ops import Access, access_layout, relayout_candidates
-from .program import (Buffer, Load, Matmul, Program, ProgramError, Reduce, Split, Store, TilePlan,
+from .program import (Load, Matmul, Program, ProgramError, Reduce, Split, Store, TilePlan,
                       WorkDivision, _bind)
 
 __all__ = ["Schedule", "CoreWork", "resolve", "bind_sizes", "stick_dims", "persistent_dims", "live_bytes",

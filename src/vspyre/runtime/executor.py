@@ -16,7 +16,6 @@ setting is ``dl16``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -29,7 +28,6 @@ from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, _cast_fn, _matmul_eval
 from ..ir.planning import Schedule, ScheduleError, bind_sizes, iter_tiles, resolve, value_tile_bytes
 from ..ir.program import (Compute, Constant, IndexValue, Load, Matmul, Program, ProgramError, Reduce, RingReduce,
                           Store, _bind)
-from .memory import host
 
 __all__ = ["Bound", "bind", "run_fast", "run_checked", "ScheduleError", "LaunchError"]
 
