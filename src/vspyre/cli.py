@@ -45,6 +45,61 @@ def _cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import time
+
+    from .harness import backends as B
+    from .harness import cases
+    from .harness import compare as C
+
+    if args.model:
+        models = list(args.model)
+    else:
+        names = [n.strip() for n in args.suite.split(",") if n.strip()]
+        models = []
+        for n in names:
+            if n in cases.SUITES:
+                models += cases.SUITES[n]
+            elif n in cases.REGISTRY:
+                models.append(n)
+            else:
+                print(f"vspyre compare: unknown suite or model {n!r}; suites: {', '.join(cases.SUITES)}; "
+                      f"models: {', '.join(cases.REGISTRY)}", file=sys.stderr)
+                return 2
+    try:
+        backends = B.parse_backends(args.backends)
+    except ValueError as e:
+        print(f"vspyre compare: {e}", file=sys.stderr)
+        return 2
+    if args.ray:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("vspyre compare: --ray needs the 'ray' package, which is not installed here "
+                  "(pip install ray); use --jobs N for local parallelism", file=sys.stderr)
+            return 2
+    opts = C.Options(out_dir=args.out, jobs=args.jobs, timeout=args.timeout, repeat=args.repeat,
+                     warm=not args.no_warm, recompiles=not args.no_recompiles, resume=not args.fresh,
+                     retry_failed=args.retry_failed, ray=args.ray)
+    t0 = time.perf_counter()
+    rows = C.run(models, backends, opts)
+    wanted = {(m, b.name) for m in models for b in backends}
+    mine = [r for r in rows if (r["model"], r["backend"]) in wanted]
+    ok = sum(r["status"] == "ok" for r in mine)
+    print(f"vspyre compare: {ok}/{len(mine)} rows ok in {time.perf_counter() - t0:.1f} s; "
+          f"{args.out}/results.jsonl, results.json, report.md, report.html")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .harness import report
+
+    rows = report.load(args.inputs)
+    paths = report.write_all(rows, args.out)
+    print(f"vspyre report: {len(rows)} rows -> " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vspyre", description="A virtual Spyre-class AI accelerator for PyTorch")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -56,6 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ops", help="list the ATen ops a compiler lowers natively")
     p.add_argument("--backend", default="standalone", help="which compiler (standalone)")
     p.set_defaults(fn=_cmd_ops)
+    p = sub.add_parser("compare", help="run models x backends, each in its own process; write JSONL/JSON/MD/HTML")
+    p.add_argument("--suite", default="default", help="suite name(s) or model names, comma-separated "
+                   "(default, forward, decode, smoke; or gpt2,llama-decode,...)")
+    p.add_argument("--model", action="append", help="a user model 'pkg.module:function' or 'file.py:function' "
+                   "(repeatable; replaces --suite)")
+    p.add_argument("--backends", default="eager-cpu,inductor-cpu,inductor-spyre,standalone-spyre",
+                   help="comma-separated: built-in names or COMPILER@DEVICE[?opt=val&...]")
+    p.add_argument("--out", default="vspyre-compare", help="output directory (results.jsonl is resumed)")
+    p.add_argument("--jobs", type=int, default=1, help="rows run in parallel (local processes)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run rows as Ray tasks on this cluster (needs 'ray')")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per worker process")
+    p.add_argument("--repeat", type=int, default=5, help="timed calls after warm-up (median reported)")
+    p.add_argument("--no-warm", action="store_true", help="skip the warm-cache compile process")
+    p.add_argument("--no-recompiles", action="store_true", help="skip the batch/sequence-length variants")
+    p.add_argument("--fresh", action="store_true", help="discard OUT/results.jsonl instead of resuming")
+    p.add_argument("--retry-failed", action="store_true", help="when resuming, run rows that did not pass again")
+    p.set_defaults(fn=_cmd_compare)
+    p = sub.add_parser("report", help="merge compare results (JSONL/JSON) and render JSON, Markdown, HTML")
+    p.add_argument("inputs", nargs="+", help="results.jsonl / results.json files (later ones win)")
+    p.add_argument("--out", default="vspyre-report", help="output directory")
+    p.set_defaults(fn=_cmd_report)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,216 @@
+"""``vspyre compare``: every model x backend in its own subprocess, rows appended as they arrive.
+
+For each row a *cold* process runs everything (load, compile, run, accuracy, graph breaks,
+fallbacks, latency, memory, recompiles) with a fresh, empty ``TORCHINDUCTOR_CACHE_DIR``; then a
+*warm* process sharing that cache measures the compile time again. A process that crashes or
+exceeds ``timeout`` becomes a row (``crash`` / ``timeout``, at the stage it was in). Results are
+appended to ``OUT/results.jsonl``; a second run with the same ``OUT`` skips the rows already there
+(``--retry-failed`` runs the failed ones again). At the end ``results.json``, ``report.md`` and
+``report.html`` are written from every row of ``results.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from . import schema
+from .backends import Backend, from_spec
+
+
+@dataclass
+class Options:
+    out_dir: str = "vspyre-compare"
+    jobs: int = 1
+    timeout: float = 600.0          # seconds, per process (cold and warm each)
+    repeat: int = 5                 # timed calls after warm-up
+    warm: bool = True               # also run the warm-cache compile process
+    recompiles: bool = True
+    resume: bool = True
+    retry_failed: bool = False
+    ray: str | None = None
+    python: str = sys.executable
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def _run_phase(model: str, backend: Backend, phase: str, workdir: Path, cache_dir: Path,
+               opts: Options) -> dict[str, Any]:
+    out = workdir / f"{phase}.json"
+    job = {"model": model, "backend": backend.name, "backend_spec": backend.spec(), "phase": phase,
+           "out": str(out), "repeat": opts.repeat, "recompiles": opts.recompiles}
+    job_path = workdir / f"{phase}-job.json"
+    job_path.write_text(json.dumps(job))
+    env = dict(os.environ)
+    env.update(opts.extra_env)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+    stderr_path = workdir / f"{phase}.stderr"
+    t0 = time.perf_counter()
+    with open(stderr_path, "wb") as err, open(workdir / f"{phase}.stdout", "wb") as so:
+        proc = subprocess.Popen([opts.python, "-m", "vspyre.harness.worker", "--job", str(job_path)],
+                                stdout=so, stderr=err, env=env, start_new_session=True)
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=opts.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)      # the worker's own session: it and its children
+            except ProcessLookupError:
+                pass
+            rc = proc.wait()
+    elapsed = time.perf_counter() - t0
+    try:
+        row = json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError):
+        row = schema.empty_row(model, backend.name, backend.spec())
+    finished = all(v != "not_run" for v in row["stages"].values())
+    if timed_out or rc != 0 or not finished:
+        kind = "timeout" if timed_out else "crash"
+        stage = next((s for s in schema.STAGES if row["stages"].get(s) == "not_run"), "accuracy")
+        if timed_out:
+            msg = f"timed out after {opts.timeout:g} s in stage {stage!r} ({phase} process)"
+        else:
+            how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+            msg = f"process died ({how}) in stage {stage!r} ({phase} process)"
+        tail = _tail(stderr_path)
+        row["stages"][stage] = kind
+        for s in schema.STAGES[schema.STAGES.index(stage) + 1:]:
+            row["stages"][s] = "skipped"
+        row["status"] = kind
+        row["error"] = {"stage": stage, "type": kind, "message": msg + ("\n" + tail if tail else "")}
+    row["_elapsed"] = elapsed
+    return row
+
+
+def run_row(model: str, backend_name: str, backend_spec: dict[str, Any], opts: Options) -> dict[str, Any]:
+    """Run one model x backend (cold process, then warm process); returns the finished row."""
+    backend = from_spec(backend_name, backend_spec)
+    t0 = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="vspyre-cmp-"))
+    try:
+        cache = workdir / "inductor-cache"
+        cache.mkdir()
+        row = _run_phase(model, backend, "cold", workdir, cache, opts)
+        if (opts.warm and backend.compiler is not None and row["stages"].get("compile") == "ok"
+                and row["status"] not in ("crash", "timeout")):
+            warm = _run_phase(model, backend, "warm", workdir, cache, opts)
+            row["compile_warm_s"] = warm.get("compile_warm_s")
+            if warm["status"] in ("crash", "timeout", "error"):
+                row.setdefault("notes", []).append(f"warm process: {warm['status']}: "
+                                                   f"{(warm.get('error') or {}).get('message', '')[:300]}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    row.pop("_elapsed", None)
+    if not row.get("versions"):
+        row["versions"] = {"torch": torch_version(), "python": sys.version.split()[0]}
+    row["env"] = {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "repeat": opts.repeat,
+                  "timeout_s": opts.timeout}
+    row["duration_s"] = time.perf_counter() - t0
+    row["timestamp"] = schema.now()
+    return row
+
+
+def plan(models: list[str], backends: list[Backend], opts: Options) -> tuple[list[tuple[str, Backend]], list[dict]]:
+    """(rows still to run, rows already in OUT/results.jsonl)."""
+    path = Path(opts.out_dir) / "results.jsonl"
+    existing = schema.read_rows(path) if path.exists() and opts.resume else []
+    tv = torch_version()
+    done = {schema.row_key(r) for r in existing
+            if not (opts.retry_failed and r.get("status") != "ok")}
+    todo = [(m, b) for m in models for b in backends if (m, b.name, tv) not in done]
+    return todo, existing
+
+
+def run(models: list[str], backends: list[Backend], opts: Options,
+        on_row: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Run the matrix; returns every row of OUT/results.jsonl (merged) and writes the reports."""
+    out_dir = Path(opts.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl = out_dir / "results.jsonl"
+    if not opts.resume and jsonl.exists():
+        jsonl.unlink()
+    todo, existing = plan(models, backends, opts)
+    lock = threading.Lock()
+
+    prog = None
+    task = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        prog = Progress(TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"))
+        prog.start()
+        task = prog.add_task(f"{len(existing)} rows resumed" if existing else "", total=len(todo))
+
+    def arrived(row: dict[str, Any]) -> None:
+        with lock:
+            schema.append_jsonl(jsonl, row)
+            if prog is not None:
+                err = (row.get("error") or {}).get("message", "").splitlines()
+                prog.console.print(f"{row['model']:>22s} x {row['backend']:<18s} {row['status']:<13s} "
+                                   f"{row.get('duration_s', 0):6.1f}s {err[0][:70] if err else ''}",
+                                   markup=False, highlight=False)
+                prog.update(task, advance=1, description=f"{row['model']} x {row['backend']}")
+            if on_row:
+                on_row(row)
+
+    try:
+        if opts.ray:
+            _run_ray(todo, opts, arrived)
+        elif opts.jobs <= 1:
+            for m, b in todo:
+                arrived(run_row(m, b.name, b.spec(), opts))
+        else:
+            with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+                futs = [pool.submit(run_row, m, b.name, b.spec(), opts) for m, b in todo]
+                for f in as_completed(futs):
+                    arrived(f.result())
+    finally:
+        if prog is not None:
+            prog.stop()
+    rows = schema.merge([schema.read_rows(jsonl)])
+    from . import report
+    report.write_all(rows, out_dir)
+    return rows
+
+
+def _run_ray(todo: list[tuple[str, Backend]], opts: Options, arrived: Callable[[dict], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--ray needs the 'ray' package, which is not installed in this environment "
+                           "(pip install ray); without it use --jobs N for local parallelism") from None
+    ray.init(address=opts.ray, ignore_reinit_error=True)
+    remote = ray.remote(num_cpus=1)(run_row)
+    refs = [remote.remote(m, b.name, b.spec(), opts) for m, b in todo]
+    while refs:
+        done, refs = ray.wait(refs, num_returns=1)
+        arrived(ray.get(done[0]))
