@@ -10,7 +10,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 BUILD_INPUTS := pyproject.toml setup.py constraints.txt $(wildcard src/vspyre/device/csrc/*.cpp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench conformance install clean
 
 demo: $(STAMP)
 	$(BIN)/vspyre demo
@@ -23,6 +23,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runtime.py
 	$(BIN)/python benchmarks/bench_inductor.py
 	$(BIN)/python benchmarks/bench_standalone.py
+
+# The OpInfo conformance sweep (issue #7): every op_db op x float32/float16 x eager/compiled/
+# standalone vs the CPU, with a progress bar; resumes from build/conformance-results.jsonl
+# (CONFORMANCE_ARGS=--fresh to start over) and writes docs/op-coverage.md.
+CONFORMANCE_ARGS ?=
+conformance: $(STAMP)
+	$(BIN)/python -m vspyre.conformance --results build/conformance-results.jsonl --doc docs/op-coverage.md $(CONFORMANCE_ARGS)
 
 install: $(STAMP)
 
