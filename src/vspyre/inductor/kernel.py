@@ -138,8 +138,14 @@ def _install_vector_ops() -> None:
         return staticmethod(lambda x, dtype=torch.int64: f"b.to(b.{op}({x}), {_dt(dtype)})")
 
     def unsupported(op: str):
+        hint = ""
+        if op in ("load_seed", "rand", "randn", "randint64", "rand_eager"):
+            hint = ("; random numbers inside compiled spyre kernels are not supported: set "
+                    "torch._inductor.config.fallback_random = True to draw them with the device's "
+                    "generator as counted host fallbacks")
+
         def fn(*args: Any, **kwargs: Any) -> str:
-            raise UnsupportedKernelOp(f"ops.{op} has no tile-program form on the card")
+            raise UnsupportedKernelOp(f"ops.{op} has no tile-program form on the card{hint}")
         return staticmethod(fn)
 
     names = {n for n in dir(OpsHandler) if not n.startswith("_")}
