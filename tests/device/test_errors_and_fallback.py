@@ -79,3 +79,11 @@ def test_invalid_device_index_is_clear():
 def test_bad_fallback_mode():
     with pytest.raises(ValueError, match="fallback mode"):
         torch.spyre.set_fallback_mode("sometimes")
+
+
+def test_wrapped_scalar_arguments_reach_the_host_op():
+    # remainder(t, 4) reaches the fallback as remainder.Tensor_out with a Python number for a
+    # Tensor argument (a wrapped number); it must run like on the CPU.
+    a = torch.arange(7)
+    assert torch.equal(torch.remainder(a.to("spyre"), 4).cpu(), torch.remainder(a, 4))
+    assert torch.equal(torch.remainder(a.float().to("spyre"), 1.5).cpu(), torch.remainder(a.float(), 1.5))

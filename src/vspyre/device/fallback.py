@@ -120,7 +120,7 @@ def _tensors(x: Any) -> Iterator[torch.Tensor]:
 class _OpInfo:
     """What the fallback needs to know of an op's schema, computed once per op."""
 
-    __slots__ = ("name", "arg_names", "index_lists", "mutable", "generator_pos")
+    __slots__ = ("name", "arg_names", "index_lists", "mutable", "generator_pos", "tensor_args")
 
     def __init__(self, op: torch._ops.OpOverload):
         args = op._schema.arguments
@@ -129,6 +129,7 @@ class _OpInfo:
         self.index_lists = {i for i, a in enumerate(args) if str(a.type) == "List[Optional[Tensor]]"}
         self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
         self.generator_pos = self.arg_names.index("generator") if "generator" in self.arg_names else -1
+        self.tensor_args = [i for i, a in enumerate(args) if str(a.type) == "Tensor"]
 
 
 _op_infos: dict[Any, _OpInfo] = {}
@@ -229,6 +230,11 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     h_args = [_map(to_host, a) for a in args]
     h_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else {}
     gen_sync = _swap_generator(info, h_args, h_kwargs, dev_index) if info.generator_pos >= 0 else None
+    # A Python number where the schema wants a Tensor is a "wrapped number" that came through the
+    # boxed call unwrapped (e.g. remainder(t, 4) -> remainder.Tensor_out): wrap it again.
+    for i in info.tensor_args:
+        if i < len(h_args) and isinstance(h_args[i], (bool, int, float)):
+            h_args[i] = torch.tensor(h_args[i])
 
     prev_dev = _C._current_device()
     _C._set_device(dev_index)
