@@ -139,7 +139,6 @@ def _fold(op: str, args: list) -> Any:
              "sqrt": math.sqrt, "exp": math.exp, "log": math.log}
     if op in table:
         return table[op](*args)
-    t = torch.tensor(args[0] if len(args) == 1 else args, dtype=torch.float64)
     from ..ir.ops import OPS
     r = OPS[op].fn(*[torch.tensor(a, dtype=torch.float64) for a in args])
     return r.item()
@@ -234,7 +233,6 @@ def reduction(op: str, x: TSpec, rdims: tuple[int, ...], out: TSpec, keepdim: bo
     if scale is not None:
         r = b.mul(r, scale)
     oidx = []
-    j = 0
     for d in range(len(xshape)):
         if d in rdims:
             if keepdim:
@@ -282,6 +280,18 @@ def matmul(a: TSpec, bm: TSpec, out: TSpec, extras: tuple[TSpec, ...] = (), epil
 
 
 # ------------------------------------------------------------------------------ softmax
+def _prologue_value(b: ProgramBuilder, xb: Any, x: TSpec, ebs: list, extras: tuple[TSpec, ...], dims: list,
+                    prologue: Any) -> str:
+    """Load ``x`` and the extras a prologue reads (broadcast to ``x``'s shape) and emit the prologue."""
+    xdt, xshape, xstr = x
+    leaves = {("x",): b.load(xb, _index(list(xstr), dims))}
+    ldt = {("x",): xdt}
+    for i in sorted(_leaves(prologue, "in")):
+        leaves[("in", i)] = b.load(ebs[i], _index(_bstrides(extras[i], xshape), dims))
+        ldt[("in", i)] = extras[i][0]
+    return _Emitter(b, leaves, ldt)(prologue)
+
+
 @functools.lru_cache(maxsize=1024)
 def softmax(x: TSpec, dim: int, out: TSpec, extras: tuple[TSpec, ...] = (), prologue: Any = ("x",),
             safe: bool = False, log: bool = False, name: str = "softmax") -> Program:
@@ -294,12 +304,7 @@ def softmax(x: TSpec, dim: int, out: TSpec, extras: tuple[TSpec, ...] = (), prol
     ob = b.output("out", odt, oshape, ostr)
     dims = [b.rdim(f"r{d}", n) if d == dim else b.dim(f"x{d}", n) for d, n in enumerate(xshape)]
     r = dims[dim]
-    leaves = {("x",): b.load(xb, _index(list(xstr), dims))}
-    ldt = {("x",): xdt}
-    for i in sorted(_leaves(prologue, "in")):
-        leaves[("in", i)] = b.load(ebs[i], _index(_bstrides(extras[i], xshape), dims))
-        ldt[("in", i)] = extras[i][0]
-    v = _Emitter(b, leaves, ldt)(prologue)
+    v = _prologue_value(b, xb, x, ebs, extras, dims, prologue)
     mx = b.reduce("max", v, r)
     sh = b.sub(v, mx)
     e = b.exp(sh)
@@ -338,12 +343,7 @@ def norm(kind: str, x: TSpec, out: TSpec, eps: float, weight: TSpec | None = Non
     dims = [b.dim(f"x{d}", n) for d, n in enumerate(xshape[:-1])]
     r = b.rdim("r0", D)
     alld = dims + [r]
-    leaves = {("x",): b.load(xb, _index(list(xstr), alld))}
-    ldt = {("x",): xdt}
-    for i in sorted(_leaves(prologue, "in")):
-        leaves[("in", i)] = b.load(ebs[i], _index(_bstrides(extras[i], xshape), alld))
-        ldt[("in", i)] = extras[i][0]
-    v = _Emitter(b, leaves, ldt)(prologue)
+    v = _prologue_value(b, xb, x, ebs, extras, alld, prologue)
     if sb is not None:
         b.store(sb, _index(list(sum_out[2]), alld), v)
     if kind == "layer":
@@ -402,7 +402,7 @@ def attention(q: TSpec, k: TSpec, v: TSpec, out: TSpec, mask: TSpec | None, scal
     mb = b.input("mask", mask[0], mask[1], mask[2]) if mask is not None else None
     ob = b.output("out", odt, oshape, ostr)
     nb = len(oshape) - 2
-    M, E = oshape[-2], oshape[-1]
+    M = oshape[-2]
     D = q[1][-1]
     N = v[1][-2]
     dims = _pdims(b, oshape)

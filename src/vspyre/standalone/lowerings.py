@@ -382,24 +382,20 @@ def _mm(node):
     return lambda ctx, a, b: matmul_run(ctx, a, b, odt)
 
 
-@register(aten.addmm.default, "kernel", "systolic matmul + bias epilogue")
-def _addmm(node):
-    odt = _meta_dtype(node)
+def _matmul_plus_bias(name: str):
+    """addmm / baddbmm: ``beta * bias + alpha * (a @ b)`` as the matmul's epilogue."""
+    def make(node):
+        odt = _meta_dtype(node)
 
-    def run(ctx, bias, a, b, beta=1, alpha=1):
-        epi = ("add", _alpha(("acc",), alpha), _alpha(("in", 0), beta))
-        return matmul_run(ctx, a, b, odt, (bias,), epi, "addmm")
-    return run
+        def run(ctx, bias, a, b, beta=1, alpha=1):
+            epi = ("add", _alpha(("acc",), alpha), _alpha(("in", 0), beta))
+            return matmul_run(ctx, a, b, odt, (bias,), epi, name)
+        return run
+    return make
 
 
-@register(aten.baddbmm.default, "kernel", "batched matmul + bias epilogue")
-def _baddbmm(node):
-    odt = _meta_dtype(node)
-
-    def run(ctx, bias, a, b, beta=1, alpha=1):
-        epi = ("add", _alpha(("acc",), alpha), _alpha(("in", 0), beta))
-        return matmul_run(ctx, a, b, odt, (bias,), epi, "baddbmm")
-    return run
+register(aten.addmm.default, "kernel", "systolic matmul + bias epilogue")(_matmul_plus_bias("addmm"))
+register(aten.baddbmm.default, "kernel", "batched matmul + bias epilogue")(_matmul_plus_bias("baddbmm"))
 
 
 # ------------------------------------------------------------------------------ reductions
