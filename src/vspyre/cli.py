@@ -78,9 +78,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             print("vspyre compare: --ray needs the 'ray' package, which is not installed here "
                   "(pip install ray); use --jobs N for local parallelism", file=sys.stderr)
             return 2
-    opts = C.Options(out_dir=args.out, jobs=args.jobs, timeout=args.timeout, repeat=args.repeat,
+    try:
+        jobs = C.parse_jobs(args.jobs)
+    except ValueError:
+        print(f"vspyre compare: --jobs must be a positive integer or 'auto', got {args.jobs!r}", file=sys.stderr)
+        return 2
+    opts = C.Options(out_dir=args.out, jobs=jobs, timeout=args.timeout, repeat=args.repeat,
                      warm=not args.no_warm, recompiles=not args.no_recompiles, resume=not args.fresh,
-                     retry_failed=args.retry_failed, ray=args.ray)
+                     retry_failed=args.retry_failed, ray=args.ray, preload=not args.no_preload)
     t0 = time.perf_counter()
     rows = C.run(models, backends, opts)
     wanted = {(m, b.name) for m in models for b in backends}
@@ -119,13 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default="eager-cpu,inductor-cpu,inductor-spyre,standalone-spyre",
                    help="comma-separated: built-in names or COMPILER@DEVICE[?opt=val&...]")
     p.add_argument("--out", default="vspyre-compare", help="output directory (results.jsonl is resumed)")
-    p.add_argument("--jobs", type=int, default=1, help="rows run in parallel (local processes)")
+    p.add_argument("--jobs", default="auto",
+                   help="rows run in parallel (local processes); 'auto' = the CPUs this process may use, "
+                        "at most 8. Use 1 for the least noisy wall times")
     p.add_argument("--ray", metavar="ADDRESS", help="run rows as Ray tasks on this cluster (needs 'ray')")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per worker process")
     p.add_argument("--repeat", type=int, default=5, help="timed calls after warm-up (median reported)")
     p.add_argument("--no-warm", action="store_true", help="skip the warm-cache compile process")
     p.add_argument("--no-recompiles", action="store_true", help="skip the batch/sequence-length variants")
     p.add_argument("--fresh", action="store_true", help="discard OUT/results.jsonl instead of resuming")
+    p.add_argument("--no-preload", action="store_true",
+                   help="start every worker as a new interpreter instead of forking it from a server "
+                        "that has imported torch and transformers once (slower; for debugging)")
     p.add_argument("--retry-failed", action="store_true", help="when resuming, run rows that did not pass again")
     p.set_defaults(fn=_cmd_compare)
     p = sub.add_parser("report", help="merge compare results (JSONL/JSON) and render JSON, Markdown, HTML")

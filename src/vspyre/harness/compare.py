@@ -44,6 +44,22 @@ class Options:
     ray: str | None = None
     python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)
+    preload: bool = True            # fork workers from a server with torch/transformers imported
+
+
+def parse_jobs(value: str | int) -> int:
+    """``--jobs``: a positive int, or 'auto' = the CPUs this process may run on (at most 8; each
+    row's compile is mostly one busy core, and more rows than cores only stretch every row)."""
+    if str(value) == "auto":
+        try:
+            n = len(os.sched_getaffinity(0))
+        except AttributeError:
+            n = os.cpu_count() or 1
+        return max(1, min(8, n))
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"--jobs must be >= 1 or 'auto', got {value!r}")
+    return n
 
 
 def torch_version() -> str:
@@ -61,6 +77,60 @@ def _tail(path: Path, n: int = 8) -> str:
     return "\n".join(lines[-n:])
 
 
+def _spawn_worker(python: str, job_path: Path, stdout: Path, stderr: Path, env: dict[str, str],
+                  timeout: float) -> tuple[int, bool]:
+    """A fresh interpreter: ``python -m vspyre.harness.worker`` (returns exit code, timed out)."""
+    with open(stderr, "wb") as err, open(stdout, "wb") as so:
+        proc = subprocess.Popen([python, "-m", "vspyre.harness.worker", "--job", str(job_path)],
+                                stdout=so, stderr=err, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)                        # the worker's own session: it and its children
+            return proc.wait(), True
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+_FORK_CTX = None
+_FORK_LOCK = threading.Lock()
+
+
+def _fork_worker(job_path: Path, stdout: Path, stderr: Path, env: dict[str, str],
+                 timeout: float) -> tuple[int, bool]:
+    """A worker forked from a server that has imported torch, transformers and the suite's model
+    code once (``worker.PRELOAD``; nothing is compiled or run there), so each worker skips those
+    imports. Dynamo, Inductor and the device start empty in every worker, as in a new interpreter.
+    The worker gets its own session, environment and stdout/stderr files."""
+    global _FORK_CTX
+    import multiprocessing
+
+    from . import worker
+    with _FORK_LOCK:
+        if _FORK_CTX is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(list(worker.PRELOAD))
+            _FORK_CTX = ctx
+    proc = _FORK_CTX.Process(target=worker.forked_main,
+                             args=(str(job_path), str(stdout), str(stderr), env, _extra_sys_path(env)))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        _killpg(proc.pid)
+        proc.join()
+        return proc.exitcode if proc.exitcode is not None else -9, True
+    return proc.exitcode, False
+
+
+def _extra_sys_path(env: dict[str, str]) -> list[str]:
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 def _run_phase(model: str, backend: Backend, phase: str, workdir: Path, cache_dir: Path,
                opts: Options) -> dict[str, Any]:
     out = workdir / f"{phase}.json"
@@ -74,19 +144,11 @@ def _run_phase(model: str, backend: Backend, phase: str, workdir: Path, cache_di
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
     stderr_path = workdir / f"{phase}.stderr"
     t0 = time.perf_counter()
-    with open(stderr_path, "wb") as err, open(workdir / f"{phase}.stdout", "wb") as so:
-        proc = subprocess.Popen([opts.python, "-m", "vspyre.harness.worker", "--job", str(job_path)],
-                                stdout=so, stderr=err, env=env, start_new_session=True)
-        timed_out = False
-        try:
-            rc = proc.wait(timeout=opts.timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)      # the worker's own session: it and its children
-            except ProcessLookupError:
-                pass
-            rc = proc.wait()
+    if opts.preload and opts.python == sys.executable:
+        rc, timed_out = _fork_worker(job_path, workdir / f"{phase}.stdout", stderr_path, env, opts.timeout)
+    else:
+        rc, timed_out = _spawn_worker(opts.python, job_path, workdir / f"{phase}.stdout", stderr_path, env,
+                                      opts.timeout)
     elapsed = time.perf_counter() - t0
     try:
         row = json.loads(out.read_text())
@@ -108,6 +170,9 @@ def _run_phase(model: str, backend: Backend, phase: str, workdir: Path, cache_di
         row["status"] = kind
         row["error"] = {"stage": stage, "type": kind, "message": msg + ("\n" + tail if tail else "")}
     row["_elapsed"] = elapsed
+    secs = row.get("seconds") or {}
+    secs["startup"] = round(max(0.0, elapsed - sum(secs.values())), 3)
+    row["seconds"] = secs
     return row
 
 
@@ -124,6 +189,7 @@ def run_row(model: str, backend_name: str, backend_spec: dict[str, Any], opts: O
                 and row["status"] not in ("crash", "timeout")):
             warm = _run_phase(model, backend, "warm", workdir, cache, opts)
             row["compile_warm_s"] = warm.get("compile_warm_s")
+            row["seconds"]["warm_process"] = round(warm["_elapsed"], 3)
             if warm["status"] in ("crash", "timeout", "error"):
                 row.setdefault("notes", []).append(f"warm process: {warm['status']}: "
                                                    f"{(warm.get('error') or {}).get('message', '')[:300]}")
@@ -133,7 +199,8 @@ def run_row(model: str, backend_name: str, backend_spec: dict[str, Any], opts: O
     if not row.get("versions"):
         row["versions"] = {"torch": torch_version(), "python": sys.version.split()[0]}
     row["env"] = {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "repeat": opts.repeat,
-                  "timeout_s": opts.timeout}
+                  "timeout_s": opts.timeout, "jobs": opts.jobs, "preload": opts.preload,
+                  "ray": opts.ray}
     row["duration_s"] = time.perf_counter() - t0
     row["timestamp"] = schema.now()
     return row

@@ -79,6 +79,30 @@ def _versions(rows: list[dict[str, Any]]) -> list[str]:
     return list(seen)
 
 
+def _runs(rows: list[dict[str, Any]]) -> list[str]:
+    """How the rows were run: host, CPUs, rows in parallel, timed calls (one line per distinct setup)."""
+    seen = dict.fromkeys(
+        f"run on {env.get('hostname', '?')}: {env.get('cpus', '?')} CPUs, {env.get('jobs', '?')} row(s) in "
+        f"parallel, {env.get('repeat', '?')} timed calls, timeout {env.get('timeout_s', '?')} s"
+        for env in ((r.get("env") or {}) for r in rows) if env)
+    return list(seen)
+
+
+SECONDS = ("startup", "load", "compile", "run", "accuracy", "recompiles", "warm_process")
+
+
+def time_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Where each row's time went (``row['seconds']``), to see what a run spends its time on."""
+    head = ["model", "backend"] + [s.replace("_", " ") for s in SECONDS] + ["row total"]
+    body = [[r["model"], r["backend"]] + [_f((r.get("seconds") or {}).get(s), "{:.1f}") for s in SECONDS]
+            + [_f(r.get("duration_s"), "{:.1f}")] for r in rows if r.get("seconds")]
+    if body:
+        total = sum(r.get("duration_s") or 0.0 for r in rows if r.get("seconds"))
+        body.append(["all rows", ""] + [_f(sum((r.get("seconds") or {}).get(s) or 0.0 for r in rows), "{:.1f}")
+                                        for s in SECONDS] + [_f(total, "{:.1f}")])
+    return head, body
+
+
 def _details(rows: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
     """(title, row label, lines) for errors, graph-break reasons, host fallbacks."""
     out = []
@@ -108,7 +132,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [f"# vspyre compare — {len(rows)} rows", "",
              f"Schema `{schema.SCHEMA}` v{schema.SCHEMA_VERSION}. Stages: L=load C=compile R=run A=accuracy "
              "(✓ ok, ✗ accuracy fail, E error, C crash, T timeout, - skipped).", ""]
-    for v in _versions(rows):
+    for v in _versions(rows) + _runs(rows):
         lines.append(f"- {v}")
     models, cols, cells = matrix(rows)
     lines += ["", "## Coverage", "", "| model | " + " | ".join(esc(c) for c in cols) + " |",
@@ -118,6 +142,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     head, body = summary_table(rows)
     lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
+    head, body = time_table(rows)
+    if body:
+        lines += ["", "## Where the time went (seconds per row)", "",
+                  "`startup`: process start and imports not in a stage; `warm process`: the whole second "
+                  "(warm-cache) process.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
     section = None
     for title, label, ls in _details(rows):
         if title != section:
@@ -220,7 +250,7 @@ def html_page(rows: list[dict[str, Any]]) -> str:
              f"<style>{_CSS}</style></head><body>", f"<h1>vspyre compare — {len(rows)} rows</h1>",
              f"<p>Schema <code>{schema.SCHEMA}</code> v{schema.SCHEMA_VERSION}. Stages: L=load C=compile R=run "
              "A=accuracy (✓ ok, ✗ accuracy fail, E error, C crash, T timeout, - skipped).</p><ul>"]
-    parts += [f"<li>{e(v)}</li>" for v in _versions(rows)]
+    parts += [f"<li>{e(v)}</li>" for v in _versions(rows) + _runs(rows)]
     parts.append("</ul><h2>Coverage</h2><table><tr><th>model</th>")
     models, cols, cells = matrix(rows)
     parts += [f"<th>{e(c)}</th>" for c in cols]
@@ -238,6 +268,12 @@ def html_page(rows: list[dict[str, Any]]) -> str:
     for r, b in zip(rows, body):
         parts.append(f"<tr class=\"{e(r['status'])}\">" + "".join(f"<td>{e(c)}</td>" for c in b) + "</tr>")
     parts.append("</table>")
+    head, body = time_table(rows)
+    if body:
+        parts.append("<h2>Where the time went (seconds per row)</h2><table><tr>"
+                     + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in b) + "</tr>" for b in body]
+        parts.append("</table>")
     for title, png in plots(rows):
         parts.append(f"<h2>{e(title)}</h2><img alt=\"{e(title)}\" src=\"data:image/png;base64,{png}\">")
     section = None

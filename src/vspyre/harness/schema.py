@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 SCHEMA = "vspyre.compare"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# v2 added "seconds" (per-stage wall time); older rows are upgraded on read (missing fields = None).
 
 STAGES = ("load", "compile", "run", "accuracy")
 # row["status"]: the overall verdict.
@@ -53,8 +54,10 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "peak_device_mem_bytes": ((int, type(None)), "torch.spyre.max_memory_allocated() over load+compile+run"),
     "host_peak_rss_bytes": ((int, type(None)), "peak RSS of the worker process (getrusage)"),
     "versions": ((dict,), "{'torch', 'torch_git', 'vspyre', 'transformers', 'python', 'backend'}"),
-    "env": ((dict,), "{'hostname', 'cpus', 'repeat', 'timeout_s'}"),
+    "env": ((dict,), "{'hostname', 'cpus', 'repeat', 'timeout_s', 'jobs' (rows in parallel), 'preload', 'ray'}"),
     "duration_s": ((float, type(None)), "wall time of the row (all its processes)"),
+    "seconds": ((dict, type(None)), "where the row's time went: {'startup' (interpreter + imports), 'load', "
+                                    "'compile', 'run', 'accuracy', 'recompiles', 'warm_process'} in seconds"),
     "timestamp": ((str,), "UTC time the row finished (ISO 8601)"),
     "notes": ((list,), "free-text remarks, e.g. a failed warm-cache process"),
 }
@@ -70,6 +73,14 @@ def empty_row(model: str, backend: str, backend_spec: dict[str, Any] | None = No
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def upgrade(row: dict[str, Any]) -> dict[str, Any]:
+    """A row written by an older schema version, with the fields it lacks set to None."""
+    if row.get("schema_version", SCHEMA_VERSION) < SCHEMA_VERSION:
+        for k in FIELDS:
+            row.setdefault(k, None)
+    return row
 
 
 def validate(row: dict[str, Any]) -> list[str]:
@@ -113,14 +124,14 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{p}: not a {SCHEMA} document")
         if doc.get("schema_version", 0) > SCHEMA_VERSION:
             raise ValueError(f"{p}: schema_version {doc['schema_version']} is newer than this reader ({SCHEMA_VERSION})")
-        return list(doc["rows"])
+        return [upgrade(r) for r in doc["rows"]]
     rows = []
     for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(upgrade(json.loads(line)))
         except json.JSONDecodeError:
             continue            # a line cut by a crash of the parent
     return rows

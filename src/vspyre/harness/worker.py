@@ -61,6 +61,14 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     phase = job.get("phase", "cold")
     repeat = max(1, int(job.get("repeat", 5)))
     row = schema.empty_row(job["model"], be.name, be.spec())
+    seconds: dict[str, float] = {}     # per stage; the parent adds 'startup' (process time not in a stage)
+    row["seconds"] = seconds
+    mark = [time.perf_counter()]
+
+    def took(stage: str) -> None:
+        now = time.perf_counter()
+        seconds[stage] = round(seconds.get(stage, 0.0) + now - mark[0], 3)
+        mark[0] = now
     try:
         import transformers
         tv = transformers.__version__
@@ -76,6 +84,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             torch.spyre.synchronize()
 
     def fail(stage: str, e: BaseException, status: str = "error") -> dict[str, Any]:
+        took(stage)
         row["stages"][stage] = "error"
         row["error"] = {"stage": stage, "type": type(e).__name__, "message": _first_lines(e),
                         "traceback_tail": "".join(traceback.format_exception(e)[-3:])[-2000:]}
@@ -113,6 +122,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         _write(out_path, row)
     except BaseException as e:
         return fail("load", e)
+    took("load")
 
     # -- compile (the first call) ---------------------------------------------------------
     counters.clear()
@@ -142,6 +152,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         row["stages"]["compile"] = "ok" if be.compiler is not None else "skipped"
         return fail("run", e)
 
+    took("compile")
     if phase == "warm":
         try:
             t0 = time.perf_counter()
@@ -189,6 +200,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         _write(out_path, row)
     except BaseException as e:
         return fail("run", e)
+    took("run")
 
     # -- accuracy vs CPU fp32 eager ----------------------------------------------------------
     try:
@@ -211,6 +223,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         _write(out_path, row)
     except BaseException as e:
         return fail("accuracy", e)
+    took("accuracy")
 
     # -- recompiles when batch / sequence length vary (does not change the verdict) ------------
     if be.compiler is not None and job.get("recompiles", True):
@@ -230,6 +243,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         row["recompile_shapes"] = shapes
         if shapes:
             row["recompiles"] = int(counters["stats"]["unique_graphs"]) - before
+        took("recompiles")
     row["host_peak_rss_bytes"] = _rss_bytes()
     if on_spyre:
         row["peak_device_mem_bytes"] = int(torch.spyre.max_memory_allocated())
@@ -237,15 +251,54 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+# Imported once by the fork server of ``vspyre compare`` (see compare.py), so each worker process
+# starts without paying for them again. Only imports: nothing is compiled or run in the server.
+PRELOAD = ("torch", "vspyre", "vspyre.harness.worker", "vspyre.harness.cases", "torch._dynamo",
+           "torch._inductor.compile_fx", "vspyre.standalone.compiler", "transformers",
+           "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama",
+           "transformers.models.bert.modeling_bert", "transformers.models.t5.modeling_t5",
+           "transformers.models.vit.modeling_vit", "transformers.models.resnet.modeling_resnet",
+           "transformers.models.convnext.modeling_convnext",
+           "transformers.models.mobilenet_v2.modeling_mobilenet_v2")
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+    warnings.simplefilter("ignore")
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+
+
+def forked_main(job_path: str, stdout_path: str, stderr_path: str, env: dict[str, str],
+                sys_path: list[str]) -> None:
+    """Entry point of a worker forked from the preloaded server: a new session (so a timeout
+    kills its compile subprocesses too), its own stdout/stderr files and environment."""
+    os.setsid()
+    for fd, path in ((1, stdout_path), (2, stderr_path)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    try:
+        _quiet()
+        run_job(json.loads(Path(job_path).read_text()))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vspyre.harness.worker")
     ap.add_argument("--job", required=True, help="job JSON file")
     args = ap.parse_args(argv)
     job = json.loads(Path(args.job).read_text())
-    import logging
-    import warnings
-    warnings.simplefilter("ignore")
-    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+    _quiet()
     run_job(job)
     sys.stdout.flush()
     os._exit(0)      # skip interpreter teardown (fast; the row is already written)
