@@ -233,9 +233,35 @@ def _node_kind(n: fx.Node) -> str:
     return low.kind if low is not None else "fallback"
 
 
+# The dtypes the card holds (the device refuses others when it allocates: float64, complex...).
+CARD_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int16, torch.int32,
+                         torch.int64, torch.uint8, torch.bool})
+
+
+def check_dtypes(gm: fx.GraphModule) -> None:
+    """Refuse a graph with a value the card cannot hold (e.g. irfft's complex64 intermediate).
+
+    Kernels write into arena slots (device bytes viewed as any dtype) and a host fallback node
+    would run its ATen op on such a value, so without this check an unsupported dtype is not
+    refused by the device but silently gives wrong values.
+    """
+    for n in gm.graph.nodes:
+        if n.op not in ("placeholder", "call_function", "get_attr"):
+            continue
+        v = n.meta.get("val")
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(t, torch.Tensor) and t.device.type == "spyre" and t.dtype not in CARD_DTYPES:
+                what = L._opname(n.target) if n.op == "call_function" else f"input {n.target}"
+                raise TypeError(
+                    f"spyre_standalone: unsupported: {what} produces a {str(t.dtype).removeprefix('torch.')} "
+                    f"tensor of shape {list(t.shape)}, a dtype the card does not support (supported: "
+                    f"float16, bfloat16, float32, int8, int16, int32, int64, uint8, bool)")
+
+
 def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = None) -> Callable:
     """Compile an ATen-level FX graph (from AOTAutograd) into a boxed callable running on the card."""
     t0 = time.perf_counter()
+    check_dtypes(gm)
     rep = GraphReport(name or f"graph{next(_ids)}")
     passes.run_all(gm, rep)
     kinds = {n: _node_kind(n) for n in gm.graph.nodes}
@@ -269,12 +295,15 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
     for n in nodes:
         for a in n.all_input_nodes:
             last_use[idx[a]] = idx[n]
+    syms = _symbol_sources(nodes, idx)
+    keep = {i for i, _ in syms.values()}       # inputs symbolic sizes are read from at any node
     frees: dict[int, list[int]] = collections.defaultdict(list)
     for j, i in last_use.items():
-        frees[i].append(j)
+        if j not in keep:
+            frees[i].append(j)
 
     def ref(a):
-        return fx.node.map_arg(a, lambda x: _Ref(idx[x]))
+        return _lift_symbolic(fx.node.map_arg(a, lambda x: _Ref(idx[x])), syms)
 
     instrs = []
     placeholders = []
@@ -350,9 +379,71 @@ class _Ref:
         self.i = i
 
 
+class _SymRef:
+    """A symbolic size baked into a node's arguments at compile time (a fusion's ``bshape`` or
+    ``mm_shape`` taken from meta shapes, a SymInt literal): evaluated at every call from the
+    graph inputs it comes from (a SymInt placeholder, or a size of an input tensor)."""
+    __slots__ = ("expr", "sources", "cast", "_last")
+
+    def __init__(self, expr: Any, sources: list, cast: type) -> None:
+        self.expr, self.sources, self.cast = expr, sources, cast
+        self._last: tuple | None = None            # (symbol values, result) of the previous call
+
+    def value(self, get: Callable) -> Any:
+        vals = tuple(int(v.shape[d] if d is not None else v) for v, d in
+                     ((get(_Ref(i)), d) for _, i, d in self.sources))
+        if self._last is not None and self._last[0] == vals:
+            return self._last[1]
+        import sympy
+        r = self.expr.xreplace({sym: sympy.Integer(x) for (sym, _, _), x in zip(self.sources, vals)})
+        r = self.cast(bool(r) if self.cast is bool else r)
+        self._last = (vals, r)
+        return r
+
+
+def _symbol_sources(nodes: list, idx: dict) -> dict:
+    """sympy symbol -> (placeholder index, dim or None): where each size symbol's value comes from."""
+    import sympy
+    found: dict = {}
+    for n in nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            if isinstance(v.node.expr, sympy.Symbol):
+                found.setdefault(v.node.expr, (idx[n], None))
+        elif isinstance(v, torch.Tensor):
+            for d, sz in enumerate(v.shape):
+                if isinstance(sz, torch.SymInt) and isinstance(sz.node.expr, sympy.Symbol):
+                    found.setdefault(sz.node.expr, (idx[n], d))
+    return found
+
+
+def _lift_symbolic(a: Any, syms: dict) -> Any:
+    """Replace SymInt/SymFloat/SymBool literals in node arguments by :class:`_SymRef`s; a
+    ``torch.SymInt`` reaching an ATen op (or a kernel generator) at run time is an error."""
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        expr = a.node.expr
+        missing = [s for s in expr.free_symbols if s not in syms]
+        if missing:
+            raise RuntimeError(f"spyre_standalone: the symbolic value {expr} depends on {missing}, which no graph "
+                               f"input provides")
+        cast = int if isinstance(a, torch.SymInt) else float if isinstance(a, torch.SymFloat) else bool
+        return _SymRef(expr, [(s, *syms[s]) for s in expr.free_symbols], cast)
+    if isinstance(a, tuple):
+        return tuple(_lift_symbolic(x, syms) for x in a)
+    if isinstance(a, list):
+        return [_lift_symbolic(x, syms) for x in a]
+    if isinstance(a, dict):
+        return {k: _lift_symbolic(v, syms) for k, v in a.items()}
+    return a
+
+
 def _resolve(a: Any, get: Callable) -> Any:
     if isinstance(a, _Ref):
         return get(a)
+    if isinstance(a, _SymRef):
+        return a.value(get)
     if isinstance(a, tuple):
         return tuple(_resolve(x, get) for x in a)
     if isinstance(a, list):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -66,7 +67,7 @@ def fused_norm(x, *extras, kind="rms", weight=None, bias=None, eps=1e-6, prologu
     raise RuntimeError("fused_norm runs only inside the spyre_standalone compiler")
 
 
-def fused_softmax(x, dim=-1):
+def fused_softmax(x, *extras, dim=-1, prologue=("x",), safe=False, log=False):
     raise RuntimeError("fused_softmax runs only inside the spyre_standalone compiler")
 
 
@@ -119,12 +120,19 @@ def _fused_norm(node):
 @L.register(fused_softmax, "fused", "decomposed softmax re-formed into one program")
 def _fused_softmax(node):
     odt = node.meta["val"].dtype
-    return lambda ctx, x, dim=-1: L.softmax_run(ctx, x, dim, odt)
+
+    def run(ctx, x, *extras, dim=-1, prologue=("x",), safe=False, log=False):
+        return L.softmax_run(ctx, x, dim, odt, tuple(extras), prologue, safe, log,
+                             "log_softmax" if log else "softmax")
+    return run
 
 
 # ------------------------------------------------------------------------------ helpers
 def _replace(gm: fx.GraphModule, last: fx.Node, target, args, kwargs, val) -> fx.Node:
-    with gm.graph.inserting_before(last):
+    with gm.graph.inserting_before(last), warnings.catch_warnings():
+        # shapes baked into the arguments may be SymInts (dynamic shapes): the standalone compiler
+        # evaluates them at every call (compiler._SymRef), so FX's warning about them is moot
+        warnings.filterwarnings("ignore", message="Raw Sym")
         f = gm.graph.call_function(target, tuple(args), kwargs)
     f.meta["val"] = val
     last.replace_all_uses_with(f)
@@ -422,11 +430,100 @@ def fuse_softmax(gm: fx.GraphModule):
             continue
         if len(e.users) != 2 or len(s.users) != 1 or len(sub.users) != 1 or len(mx.users) != 1:
             continue
-        _replace(gm, div, fused_softmax, (x, dims[0]), {}, div.meta["val"])
+        _replace(gm, div, fused_softmax, (x,), {"dim": dims[0]}, div.meta["val"])
         fired += 1
         absorbed.update(_opn(n) for n in (mx, sub, e, s, div))
         _dce(gm)
     return fired, absorbed
+
+
+_SOFTMAXES = {aten._softmax.default: {}, aten._safe_softmax.default: {"safe": True},
+              aten._log_softmax.default: {"log": True}}
+
+
+def fuse_softmax_prologue(gm: fx.GraphModule):
+    """``pointwise chain -> softmax`` (softmin's ``neg``, a mask's ``where``, a scale): the chain
+    becomes the softmax program's prologue, so its value is never stored. A stored fp16
+    intermediate is rounded to DL16 (9 mantissa bits): softmin(x) = softmax(-x) then differs from
+    the CPU by several fp16 ulps, as the exponent amplifies the rounding of -x."""
+    fired, absorbed = 0, Counter()
+    for sm in list(gm.graph.nodes):
+        if sm.op != "call_function":
+            continue
+        if sm.target in _SOFTMAXES:
+            flags = dict(_SOFTMAXES[sm.target])
+            dim = sm.args[1]
+            src = sm.args[0]
+        elif sm.target is fused_softmax and sm.kwargs.get("prologue", ("x",)) == ("x",) and len(sm.args) == 1:
+            flags = {k: sm.kwargs[k] for k in ("safe", "log") if sm.kwargs.get(k)}
+            dim = sm.kwargs.get("dim", -1)
+            src = sm.args[0]
+        else:
+            continue
+        shape = _shape(sm)
+        sv = src.meta.get("val") if isinstance(src, fx.Node) else None
+        if not shape or not isinstance(sv, torch.Tensor) or not sv.is_floating_point():
+            continue
+        # grow the region backwards: a pointwise node of the softmax's shape joins when all its
+        # users are already in (or are the softmax)
+        region: set = set()
+        cand = [src]
+        changed = True
+        while changed:
+            changed = False
+            for n in list(cand):
+                if n in region or not isinstance(n, fx.Node) or n.op != "call_function" \
+                        or n.target not in L.POINTWISE or n.target in _NO_PROLOGUE or _shape(n) != shape:
+                    continue
+                if not all(u in region or u is sm for u in n.users):
+                    continue
+                region.add(n)
+                cand.extend(n.all_input_nodes)
+                changed = True
+        if not region:
+            continue
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        nodes = sorted(region, key=order.get)
+        ext = []
+        for n in nodes:
+            for a in n.all_input_nodes:
+                if a not in region and a not in ext:
+                    ext.append(a)
+        full = [a for a in ext if _shape(a) == shape]
+        main = next((a for a in full if a.meta["val"].is_floating_point()), full[0] if full else None)
+        if main is None:
+            continue
+        extras = [a for a in ext if a is not main]
+        ok = True
+        for a in extras:
+            sh = _shape(a)
+            try:
+                ok = ok and sh is not None and tuple(torch.broadcast_shapes(sh, shape)) == shape
+            except RuntimeError:
+                ok = False
+        if not ok:
+            continue
+        exprs = {main: ("x",)}
+        for i, a in enumerate(extras):
+            exprs[a] = ("in", i)
+
+        def conv(a):
+            return exprs[a] if isinstance(a, fx.Node) else ("c", a)
+        for n in nodes:
+            kw = {k: (v if k in L._STATIC_KW else conv(v)) for k, v in n.kwargs.items() if k not in L._DROP_KW}
+            exprs[n] = L.POINTWISE[n.target](*[conv(a) for a in n.args], **kw)
+        _replace(gm, sm, fused_softmax, [main] + extras,
+                 {"dim": dim, "prologue": exprs[src], **flags}, sm.meta["val"])
+        fired += 1
+        absorbed.update(_opn(n) for n in nodes)
+        if sm.target in _SOFTMAXES:
+            absorbed[_opn(sm)] += 1
+        _dce(gm)
+    return fired, absorbed
+
+
+# identity-like entries (nothing to compute) and bitwise ops (integer semantics on non-bool inputs)
+_NO_PROLOGUE = {aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default} | L._BOOL_BITWISE
 
 
 def _counted(name, fn):
@@ -444,6 +541,7 @@ def _split(fn):
 PATTERNS: list = [
     ("attention", fuse_attention),
     ("softmax", fuse_softmax),
+    ("softmax_prologue", fuse_softmax_prologue),
     ("rmsnorm", fuse_rmsnorm),
     ("add_layernorm", fuse_add_layernorm),
     ("matmul_epilogue", fuse_matmul_epilogue),   # reports linear_act / residual_add

@@ -44,7 +44,11 @@ TABLE: dict[Any, Lowering] = {}
 def _opname(op: Any) -> str:
     if isinstance(op, torch._ops.OpOverload):
         return f"aten.{op._schema.name.split('::')[1]}.{op._overloadname}"
-    return getattr(op, "__name__", str(op))
+    name = getattr(op, "__name__", str(op))
+    mod = getattr(op, "__module__", None)
+    if mod in ("_operator", "operator"):
+        return f"operator.{name}"
+    return f"torch.{name}" if mod == "torch" else name
 
 
 def register(ops, kind: str = "kernel", doc: str = ""):
@@ -132,7 +136,11 @@ POINTWISE: dict[Any, Callable] = {
     aten.div.Tensor: lambda a, b: ("truediv", a, b),
     aten.div.Scalar: lambda a, b: ("truediv", a, b),
     aten.div.Tensor_mode: lambda a, b, rounding_mode=None: (
-        ("floordiv", a, b) if rounding_mode == "floor" else ("truediv", a, b)),
+        ("floordiv", a, b) if rounding_mode == "floor" else ("truncdiv", a, b) if rounding_mode == "trunc"
+        else ("truediv", a, b)),
+    aten.div.Scalar_mode: lambda a, b, rounding_mode=None: (
+        ("floordiv", a, b) if rounding_mode == "floor" else ("truncdiv", a, b) if rounding_mode == "trunc"
+        else ("truediv", a, b)),
     aten.neg.default: lambda a: ("neg", a),
     aten.abs.default: lambda a: ("abs", a),
     aten.exp.default: lambda a: ("exp", a),
@@ -148,6 +156,7 @@ POINTWISE: dict[Any, Callable] = {
     aten.sin.default: lambda a: ("sin", a),
     aten.cos.default: lambda a: ("cos", a),
     aten.floor.default: lambda a: ("floor", a),
+    aten.trunc.default: lambda a: ("trunc", a),
     aten.ceil.default: lambda a: ("ceil", a),
     aten.sign.default: lambda a: ("sign", a),
     aten.square.default: lambda a: ("mul", a, a),
@@ -285,13 +294,16 @@ register(aten.empty.memory_format, "kernel", "allocation (no kernel)")(
 def _arange(node):
     odt = _meta_dtype(node)
     n = node.meta["val"].shape[0]
+    static = isinstance(n, int)
 
     def run(ctx, *args, **kw):
         if len(args) == 1:
-            start, step = 0, 1
+            start, end, step = 0, args[0], 1
         else:
-            start, step = args[0], (args[2] if len(args) > 2 else kw.get("step", 1))
-        out = ctx.alloc((int(n),), odt)
+            start, end, step = args[0], args[1], (args[2] if len(args) > 2 else kw.get("step", 1))
+        # a dynamic length (a SymInt in the meta value) is only known from this call's arguments
+        length = n if static else max(0, math.ceil((end - start) / step))
+        out = ctx.alloc((int(length),), odt)
         ctx.launch(K.arange(spec(out), start, step), out)
         return out
     return run
@@ -349,6 +361,22 @@ _VIEWS = {
 for _op, _fn in _VIEWS.items():
     if _fn is not None:
         register(_op, "view", "metadata only")(_view_make(_fn))
+
+
+# Size arithmetic of dynamic-shape graphs (sym_size, then Python operators on the sizes): host
+# scalars, no kernel and no device data; not host fallbacks (strict mode must accept them).
+_SIZE_OPS = {
+    aten.sym_size.int: lambda t, d: t.size(d),
+    aten.sym_stride.int: lambda t, d: t.stride(d),
+    aten.sym_numel.default: lambda t: t.numel(),
+    aten.sym_storage_offset.default: lambda t: t.storage_offset(),
+    **{getattr(operator, o): getattr(operator, o) for o in
+       ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "eq", "ne", "lt", "le", "gt", "ge")},
+    **{getattr(torch, o): getattr(torch, o) for o in ("sym_max", "sym_min", "sym_int", "sym_float", "sym_not")
+       if hasattr(torch, o)},
+}
+for _op, _fn in _SIZE_OPS.items():
+    register(_op, "view", "size arithmetic on host scalars (dynamic shapes)")(_view_make(_fn))
 
 
 @register([aten.view.default, aten._unsafe_view.default, aten.reshape.default], "view", "metadata only")
@@ -409,7 +437,9 @@ def _rdims(x, dims):
 
 def reduce_run(ctx, op, x, dims, keepdim, odt, prologue=None):
     if x.dim() == 0:
-        x = x.view(1)
+        # a 0-d input reduces to a 0-d result whatever dim/keepdim say (sum(x, 0, keepdim=True)
+        # of a scalar is a scalar): reduce its 1-element view fully
+        x, dims, keepdim = x.view(1), None, False
     rd = _rdims(x, dims)
     shape = tuple((1 if d in rd else n) for d, n in enumerate(x.shape) if keepdim or d not in rd)
     out = ctx.alloc(shape, odt)
@@ -491,11 +521,26 @@ def _layer_norm(node):
     users = {u.args[1] for u in node.users if u.target is operator.getitem}
     stats = bool(users & {1, 2})
 
+    def flat(ctx, t, size):
+        v = _view(t, size)
+        return v if v is not None else ctx.pointwise("clone", tuple(t.shape), t.dtype, [t], ("in", 0)).view(size)
+
     def run(ctx, x, shape, weight, bias, eps):
-        if len(shape) != 1:
-            return ctx.host_fallback(aten.native_layer_norm.default, x, shape, weight, bias, eps)
-        outs = norm_run(ctx, "layer", x, weight, bias, eps, odt, stats=stats)
-        return (outs[0], outs[1], outs[2]) if stats else (outs[0], None, None)
+        k = len(shape)
+        if k == 1:
+            outs = norm_run(ctx, "layer", x, weight, bias, eps, odt, stats=stats)
+            return (outs[0], outs[1], outs[2]) if stats else (outs[0], None, None)
+        # normalised over the last k dims: the same program over those dims flattened into one
+        # (the device's eager native_layer_norm would decompose into fp16 intermediates)
+        lead, d = tuple(x.shape[:x.dim() - k]), math.prod(shape)
+        w = flat(ctx, weight, (d,)) if weight is not None else None
+        b = flat(ctx, bias, (d,)) if bias is not None else None
+        outs = norm_run(ctx, "layer", flat(ctx, x, lead + (d,)), w, b, eps, odt, stats=stats)
+        y = outs[0].view(x.shape)
+        if not stats:
+            return y, None, None
+        st = lead + (1,) * k
+        return y, outs[1].view(st), outs[2].view(st)
     return run
 
 
