@@ -146,6 +146,24 @@ def test_random_ops_follow_the_card_seed():
     assert torch.equal(torch.rand(8, device="spyre", generator=g).cpu(), c)
 
 
+def test_random_op_without_generator_argument_follows_the_card_seed():
+    """native_dropout has no generator argument: its host fallback lends the host's default
+    generator the card's state, so torch.spyre.manual_seed decides it and the host's state does not
+    change."""
+    x = torch.ones(64, device="spyre")
+    torch.spyre.manual_seed(5)
+    a = torch.nn.functional.dropout(x, 0.5, True).cpu()
+    torch.manual_seed(1234)                      # reseeds the card too: reseed it after
+    torch.spyre.manual_seed(5)
+    before = torch.get_rng_state()
+    b = torch.nn.functional.dropout(x, 0.5, True).cpu()
+    assert torch.equal(a, b)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.spyre.fallback_stats() == {"aten::native_dropout": 2}
+    c = torch.nn.functional.dropout(x, 0.5, True).cpu()   # the card's generator advanced
+    assert not torch.equal(b, c)
+
+
 def test_printing_shows_values_and_device():
     d = torch.tensor([1.5, 2.0], device="spyre")
     assert repr(d) == "tensor([1.5000, 2.0000], device='spyre:0')"

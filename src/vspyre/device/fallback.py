@@ -120,7 +120,7 @@ def _tensors(x: Any) -> Iterator[torch.Tensor]:
 class _OpInfo:
     """What the fallback needs to know of an op's schema, computed once per op."""
 
-    __slots__ = ("name", "arg_names", "index_lists", "mutable", "generator_pos", "tensor_args")
+    __slots__ = ("name", "arg_names", "index_lists", "mutable", "generator_pos", "tensor_args", "seeded")
 
     def __init__(self, op: torch._ops.OpOverload):
         args = op._schema.arguments
@@ -129,6 +129,8 @@ class _OpInfo:
         self.index_lists = {i for i, a in enumerate(args) if str(a.type) == "List[Optional[Tensor]]"}
         self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
         self.generator_pos = self.arg_names.index("generator") if "generator" in self.arg_names else -1
+        # a random op without a generator argument (native_dropout) draws from the default generator
+        self.seeded = self.generator_pos < 0 and torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
         self.tensor_args = [i for i, a in enumerate(args) if str(a.type) == "Tensor"]
 
 
@@ -230,6 +232,8 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     h_args = [_map(to_host, a) for a in args]
     h_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else {}
     gen_sync = _swap_generator(info, h_args, h_kwargs, dev_index) if info.generator_pos >= 0 else None
+    if info.seeded:
+        gen_sync = _seed_default_generator(dev_index)
     # A Python number where the schema wants a Tensor is a "wrapped number" that came through the
     # boxed call unwrapped (e.g. remainder(t, 4) -> remainder.Tensor_out): wrap it again.
     for i in info.tensor_args:
@@ -252,6 +256,8 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         result = _to_device(out, host_of, target, name)
     finally:
         _C._set_device(prev_dev)
+        if info.seeded:
+            gen_sync.restore()     # type: ignore[union-attr]
     _note(name, dev_index, t0, time.perf_counter_ns())
     return result
 
@@ -271,6 +277,23 @@ def _swap_generator(info: _OpInfo, h_args: list, h_kwargs: dict, dev_index: int)
     else:
         h_kwargs["generator"] = cpu_gen
     return lambda: gen.set_state(cpu_gen.get_state())
+
+
+def _seed_default_generator(dev_index: int):
+    """A random op with no generator argument runs on the host's default generator: lend it the
+    card's state for the call (and take the advanced state back), so it draws from the card."""
+    gen = _C._default_generator(dev_index)
+    host = torch.default_generator
+    saved = host.get_state()
+    host.set_state(gen.get_state())
+
+    def sync() -> None:            # after the op ran: the card's generator advanced
+        gen.set_state(host.get_state())
+
+    def restore() -> None:         # always (the op may raise): the host's own state back
+        host.set_state(saved)
+    sync.restore = restore         # type: ignore[attr-defined]
+    return sync
 
 
 def _mutable_args(info: _OpInfo, h_args: list, h_kwargs: dict) -> list[tuple[int | str, torch.Tensor]]:
@@ -314,11 +337,23 @@ def _run_with_resizable_outputs(op, info, h_args, h_kwargs, host_of):
     out = op(*h_args, **h_kwargs)
     with torch.no_grad():
         for d, fresh in swapped:
-            d.resize_(fresh.size())
-            if d.stride() != fresh.stride():
-                d.as_strided_(fresh.size(), fresh.stride())
+            _take_layout(d, fresh)
             _C._host_view(d).copy_(fresh)
     return out
+
+
+def _take_layout(d: torch.Tensor, h: torch.Tensor) -> None:
+    """Give the device tensor ``d`` the sizes and strides of the host result ``h``.
+
+    ``h`` may be a strided view of a larger buffer (linalg.lstsq's solution is the top rows of a
+    column-major [m, k] buffer: sizes [n, k], strides [1, m]), so sizes alone do not give the
+    storage its strides need: grow ``d``'s storage to the span of ``h``'s layout first.
+    """
+    if d.size() == h.size() and d.stride() == h.stride():
+        return
+    span = 0 if h.numel() == 0 else 1 + sum((s - 1) * st for s, st in zip(h.size(), h.stride()))
+    d.resize_(span)                      # 1-D over the span (grows the storage if needed)
+    d.as_strided_(h.size(), h.stride())
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int]:
