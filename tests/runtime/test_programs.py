@@ -74,6 +74,16 @@ def test_matmul_tiled_k_accumulates():
     _check(prog, ref, (a, b, bias), (40, 64), torch.float32)
 
 
+def test_matmul_with_empty_rows():
+    """M == 0 (mm of a [0, K] matrix): the result keeps its 0 rows instead of the broadcast size 1
+    of the operand that does not vary along M (the standalone compiler's mm crashed here)."""
+    prog, _ = P.matmul_bias_relu(torch.float32)
+    a, b, bias = torch.randn(0, 5), torch.randn(5, 10), torch.randn(10)
+    for mode in ("fast", "checked"):
+        out = torch.empty(0, 10)
+        runtime.launch(prog, a, b, bias, out, mode=mode)
+
+
 def test_softmax():
     prog, ref = P.softmax()
     x = torch.randn(70, 128).half() * 4
@@ -136,6 +146,27 @@ def test_gather_indirect_and_masked_load():
     for mode in ("fast", "checked"):
         out = torch.zeros(32, 128)
         runtime.launch(prog, ids, table, out, mode=mode)
+        assert torch.equal(out, want), mode
+
+
+def test_index_value_reading_a_loaded_value():
+    """An index_expr over a computed value (max-pool indices: window offset -> input position)
+    is evaluated per launch in fast mode and per tile in checked mode, like an indirect load."""
+    from vspyre.ir import ProgramBuilder
+    b = ProgramBuilder("offsets_to_index", source="test")
+    off = b.input("off", torch.int8, (4, 6))
+    y = b.output("y", torch.int64, (4, 6))
+    i, j = b.dim("x0", 4), b.dim("x1", 6)
+    o = b.to(b.load(off, off.index(i, j)), torch.int64)
+    b.store(y, y.index(i, j), b.index_value(f"10*x0 + 3*FloorDiv({o}, 3) + ModularIndexing({o}, 1, 3) + x1"))
+    prog = b.build()
+    assert prog.body[-2].inputs == (o,)
+    offs = torch.randint(0, 9, (4, 6), dtype=torch.int8)
+    o64 = offs.long()
+    want = 10 * torch.arange(4)[:, None] + 3 * (o64 // 3) + o64 % 3 + torch.arange(6)
+    for mode in ("fast", "checked"):
+        out = torch.empty(4, 6, dtype=torch.int64)
+        runtime.launch(prog, offs, out, mode=mode)
         assert torch.equal(out, want), mode
 
 

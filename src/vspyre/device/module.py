@@ -109,6 +109,8 @@ def synchronize(dev: Any = None) -> None:
 
 
 # -- random numbers -------------------------------------------------------------------------
+# Dynamo never traces this package (vspyre.inductor.skip_device_code puts it in its skip list, as
+# torch.cuda is): calls to these from compiled code run eagerly, between graphs.
 
 class _DefaultGenerators:
     def __getitem__(self, idx: int) -> torch.Generator:

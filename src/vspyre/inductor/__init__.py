@@ -44,6 +44,20 @@ def register_device_interface() -> None:
             register_interface_for_device(f"spyre:{i}", SpyreInterface)
 
 
+def skip_device_code() -> None:
+    """The device's own Python (torch.spyre, the host fallback kernel the dispatcher calls) is
+    runtime code, as torch.cuda is: Dynamo runs it and never traces it. Traced, a graph break
+    inside it (generator state, an op's schema) made Dynamo compile the device's internals, e.g.
+    wrap the RNG state as a fake tensor under torch.testing's no_dispatch()."""
+    with _lock:
+        if "skip" in _done:
+            return
+        _done.add("skip")
+        from torch._dynamo import trace_rules
+
+        trace_rules.add("vspyre.device")
+
+
 def backend_version() -> str:
     """A hash of this backend's code (extension, IR, runtime): part of the FX graph cache key."""
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -110,9 +124,14 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install_hooks() -> None:
     """Register with Dynamo/Inductor now if they are loaded, else when they first load."""
     if "torch._inductor.compile_fx" in sys.modules:
+        skip_device_code()
         register()
         return
     hooks: dict[str, Callable[[], None]] = {"torch._inductor.compile_fx": register}
+    if "torch._dynamo.trace_rules" in sys.modules:
+        skip_device_code()
+    else:
+        hooks["torch._dynamo.trace_rules"] = skip_device_code
     if "torch._dynamo.device_interface" in sys.modules:
         register_device_interface()
     else:

@@ -127,6 +127,22 @@ _STRUCTURAL = {"load", "store", "store_reduction", "reduction", "scan", "sort", 
                "device_assert_async", "inline_asm_elementwise"}
 
 
+# The ops.* names with no tile-program form (filled by _install_vector_ops). The lowerings for the
+# card (vspyre.inductor.lowering) read this through has_tile_form: an aten op whose Inductor
+# lowering would emit one of these runs as a host fallback for spyre tensors instead.
+_NO_TILE_FORM: set[str] = set()
+
+
+def has_tile_form(op: str) -> bool:
+    """Whether a fused kernel can emit ``ops.<op>``; ``"store:<mode>"`` asks about a store mode.
+
+    ``SpyreKernel.store`` emits plain stores only: atomic/scatter store modes have no tile form.
+    """
+    if op.startswith("store:"):
+        return False
+    return op not in _NO_TILE_FORM
+
+
 def _install_vector_ops() -> None:
     """Every op Inductor's handlers know is a card op, or an error naming it: never invalid code."""
     from torch._inductor.ops_handler import OpsHandler
@@ -140,12 +156,12 @@ def _install_vector_ops() -> None:
     def unsupported(op: str):
         hint = ""
         if op in ("load_seed", "rand", "randn", "randint64", "rand_eager"):
-            hint = ("; random numbers inside compiled spyre kernels are not supported: set "
-                    "torch._inductor.config.fallback_random = True to draw them with the device's "
-                    "generator as counted host fallbacks")
+            hint = ("; random numbers on the card are drawn by host fallbacks of the aten random "
+                    "ops (vspyre.inductor.lowering), so an in-kernel random op here is a bug")
 
         def fn(*args: Any, **kwargs: Any) -> str:
             raise UnsupportedKernelOp(f"ops.{op} has no tile-program form on the card{hint}")
+        _NO_TILE_FORM.add(op)
         return staticmethod(fn)
 
     names = {n for n in dir(OpsHandler) if not n.startswith("_")}
@@ -171,6 +187,11 @@ class _SpyreCSEProxy(CSEProxy):
     """Inductor's CSE proxy, except that ``dot`` needs no Triton block shapes."""
 
     def dot(self, a: Any, b: Any) -> CSEVariable:
+        if not self.kernel.inside_reduction:
+            # A contraction of length 1 (x[1] @ w[1, 1], [m, 1] @ [1, n]): Inductor turns the
+            # size-1 reduction("dot") into a pointwise node that keeps the ops.dot, so the dot is
+            # the product itself, in fp32 like the systolic array's accumulator.
+            return self.to_dtype(self.mul(a, b), torch.float32)
         value = self.parent_handler.dot(a, b)
         return self.kernel.cse.generate(self.kernel.compute, value, dtype=torch.float32)
 

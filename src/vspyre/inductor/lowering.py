@@ -20,6 +20,9 @@ For ``spyre`` tensors only (every other device keeps Inductor's own lowering) it
 * ``aten.cumsum`` / ``aten.cumprod`` along a dim of size <= ``SCAN_MAX`` as a masked reduction:
   ``out[..., i] = sum_j where(j <= i, x[..., j], 0)`` (product with 1 for ``cumprod``); the card
   has no scan, so without this they run on the host.
+* host fallbacks for what a tile program cannot express (special functions, random numbers,
+  accumulating scatter stores): those aten ops become Inductor fallback kernels, i.e. counted
+  host fallbacks, instead of kernels that would fail to compile (see ``_register_host_fallbacks``).
 """
 
 from __future__ import annotations
@@ -229,6 +232,165 @@ def _register_scans() -> None:
             lowerings[key] = scan
 
 
+# -- host fallbacks for what the card's kernels cannot express ---------------------------------
+# A per-device decision at lowering time: an aten op whose Inductor lowering would put an op with
+# no tile-program form into a fused kernel (kernel.has_tile_form: special functions, random
+# numbers, atomic/scatter stores) runs as an Inductor fallback kernel when its tensors are on the
+# card, i.e. a counted host fallback (wrapper.compiled_fallbacks, a compile error in strict
+# fallback mode). Other devices keep Inductor's lowering. The table says what each lowering needs;
+# the kernel says what it can emit, so giving an op a tile form moves its aten ops back on the card.
+
+_ATOMIC_ADD = "store:atomic_add"
+
+
+def _bound(op: Any, args: tuple, kwargs: dict, name: str, default: Any = None) -> Any:
+    """The value of argument ``name`` of ``op`` in a lowering call (positional or keyword)."""
+    if name in kwargs:
+        return kwargs[name]
+    for i, a in enumerate(op._schema.arguments):
+        if a.name == name:
+            if i < len(args) and not a.kwarg_only:
+                return args[i]
+            break
+    return default
+
+
+def _accumulate_needs(op: Any, args: tuple, kwargs: dict) -> set[str]:
+    return {_ATOMIC_ADD} if _bound(op, args, kwargs, "accumulate", False) else set()
+
+
+def _scatter_reduce_needs(op: Any, args: tuple, kwargs: dict) -> set[str]:
+    # scatter_reduce(reduce="sum") and scatter(reduce="add") lower to atomic-add scatter stores
+    return {_ATOMIC_ADD} if _bound(op, args, kwargs, "reduce") in ("sum", "add") else set()
+
+
+def _ldexp_needs(op: Any, args: tuple, kwargs: dict) -> set[str]:
+    # Inductor emits ops.ldexp for a float x and an integer exponent, else x * 2**n
+    x, n = _bound(op, args, kwargs, "self"), _bound(op, args, kwargs, "other")
+    try:
+        native = x.get_dtype().is_floating_point and not n.get_dtype().is_floating_point \
+            and n.get_dtype() != torch.bool
+    except AttributeError:   # a Python number
+        native = False
+    return {"ldexp"} if native else set()
+
+
+def _random_needs() -> dict[Any, frozenset[str]]:
+    """The factories Inductor turns into in-kernel random numbers (fx_passes/replace_random.py);
+    every other random op decomposes into these (fast_random_decomps)."""
+    aten = torch.ops.aten
+    return {aten.rand: frozenset({"load_seed", "rand"}), aten.randn: frozenset({"load_seed", "randn"}),
+            aten.randint: frozenset({"load_seed", "randint64"})}
+
+
+def _kernel_needs() -> dict[Any, Any]:
+    """aten/prims op (overload packet) -> the ops its Inductor lowering emits into a kernel: a set
+    of ops.* names (``"store:<mode>"`` for a store mode), or a function of the call's arguments."""
+    from torch._inductor import inductor_prims
+    from torch._inductor.codegen.common import pointwise_overrides_data
+
+    aten, prims = torch.ops.aten, torch.ops.prims
+    needs: dict[Any, Any] = {}
+    # Pointwise ops Inductor lowers to one ops.<name> each (special functions, igamma, i0, ...).
+    for name, data in pointwise_overrides_data.items():
+        for ns in (aten, prims):
+            packet = getattr(ns, data.name, None)
+            if packet is not None:
+                needs[packet] = frozenset({name})
+    needs[aten.frexp] = frozenset({"frexp"})
+    needs[aten.ldexp] = _ldexp_needs
+    needs.update(_random_needs())
+    # Scatter stores with accumulation.
+    for packet in (aten.scatter_add, aten.scatter_add_, aten._unsafe_masked_index_put_accumulate):
+        needs[packet] = frozenset({_ATOMIC_ADD})
+    for packet in (aten.index_put, aten.index_put_, aten._unsafe_index_put, inductor_prims._unsafe_index_put_):
+        needs[packet] = _accumulate_needs
+    for packet in (aten.scatter_reduce, aten.scatter_reduce_, aten.scatter, aten.scatter_):
+        needs[packet] = _scatter_reduce_needs
+    return needs
+
+
+def _call_on_spyre(args: tuple, kwargs: dict) -> bool:
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves((args, kwargs)):
+        if _on_spyre(leaf):
+            return True
+    dev = kwargs.get("device")
+    return dev is not None and torch.device(dev).type == "spyre"
+
+
+def _overloads(packet: Any) -> list[Any]:
+    if isinstance(packet, torch._ops.OpOverload):
+        return [packet]
+    return [getattr(packet, name) for name in packet.overloads()]
+
+
+def _fallback(op: Any, args: tuple, kwargs: dict) -> Any:
+    from torch._inductor.lowering import fallback_handler
+    from torch._inductor.virtualized import V
+
+    if not torch._library.utils.mutates_and_returns_first_arg(op):
+        return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
+    # An in-place op (index_put_ after Inductor's re-inplacing), handled as Inductor's own in-place
+    # fallbacks (IndexPutFallback): the input is realized and marked mutated before the kernel
+    # (earlier reads are realized first, later ones load the buffer instead of inlining what it
+    # held), and the result is the mutated input itself (the kernel's returned alias would be a
+    # separate buffer to the memory planner, which could reuse the input's storage under it).
+    args[0].realize()
+    V.graph.mark_buffer_mutated(args[0].get_name())
+    fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
+    return args[0]
+
+
+def _register_host_fallbacks() -> None:
+    from torch._inductor.lowering import lowerings
+
+    from .kernel import has_tile_form
+
+    for packet, need in _kernel_needs().items():
+        for op in _overloads(packet):
+            upstream = lowerings.get(op)
+            if upstream is None or getattr(upstream, "_vspyre", False):
+                continue
+
+            def lowering(*args: Any, _op: Any = op, _need: Any = need, _upstream: Callable = upstream,
+                         **kwargs: Any) -> Any:
+                if _call_on_spyre(args, kwargs):
+                    wanted = _need(_op, args, kwargs) if callable(_need) else _need
+                    if not all(has_tile_form(n) for n in wanted):
+                        return _fallback(_op, args, kwargs)
+                return _upstream(*args, **kwargs)
+
+            lowering._vspyre = True  # type: ignore[attr-defined]
+            lowerings[op] = lowering
+
+    # Inductor rewrites rand/randn/randint into in-kernel random numbers before lowering
+    # (joint-graph pass replace_random): not for the card's tensors, which keep the aten factory
+    # (and so reach the fallback above, drawing from the card's generator).
+    from torch._inductor.fx_passes import replace_random
+
+    random_needs = _random_needs()
+    for (kind, target), entries in replace_random.patterns.patterns.items():
+        need = random_needs.get(getattr(target, "overloadpacket", None))
+        if kind != "call_function" or need is None:
+            continue
+        for entry in entries:
+            upstream_check = entry.extra_check
+            if getattr(upstream_check, "_vspyre", False):
+                continue
+
+            def extra_check(match: Any, _need: frozenset = need, _upstream: Callable = upstream_check) -> bool:
+                val = match.output_node().meta.get("val")
+                if (isinstance(val, torch.Tensor) and val.device.type == "spyre"
+                        and not all(has_tile_form(n) for n in _need)):
+                    return False
+                return _upstream(match)
+
+            extra_check._vspyre = True  # type: ignore[attr-defined]
+            entry.extra_check = extra_check
+
+
 def register() -> None:
     from torch._inductor.kernel import bmm as bmm_mod
     from torch._inductor.kernel import mm as mm_mod
@@ -240,6 +402,11 @@ def register() -> None:
 
         def use_native_matmul(mat1: Any, mat2: Any, _upstream: Any = upstream) -> bool:
             if _on_spyre(mat1) and _on_spyre(mat2):
+                # K == 0: Inductor cannot make a reduction("dot") over nothing (it asserts); the
+                # regular mm path gives the zeros.
+                from torch._inductor.virtualized import V
+                if V.graph.sizevars.statically_known_equals(mat1.get_size()[-1], 0):
+                    return False
                 return mat1.get_dtype() in _MATMUL_DTYPES and mat1.get_dtype() == mat2.get_dtype()
             return _upstream(mat1, mat2)
 
@@ -248,3 +415,4 @@ def register() -> None:
 
     _register_convolution()
     _register_scans()
+    _register_host_fallbacks()

@@ -119,10 +119,14 @@ def _emit(e: sympy.Basic) -> str:
         return f"({_emit(e.lhs)} {op} {_emit(e.rhs)})"
     if e is sympy.true or e is sympy.false:
         return "True" if e is sympy.true else "False"
-    if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
-        # floor(a / b) as sympy writes FloorDiv sometimes: a * b**-1
-        num, den = e.args[0].as_numer_denom()
-        return f"({_emit(num)} // {_emit(den)})"
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        # floor/ceiling of a rational expression, as sympy writes FloorDiv sometimes (a * b**-1)
+        # or Inductor's index math leaves it (adaptive pooling: floor(8*M/5 + 12/5)): exactly, in
+        # integer arithmetic, as (num // den) over one common denominator.
+        num, den = _integer_fraction(e.args[0], e)
+        if isinstance(e, sympy.floor):
+            return f"({_emit(num)} // {_emit(den)})"
+        return f"(-((-{_emit(num)}) // {_emit(den)}))"
     if isinstance(e, sympy.Min):
         out = _emit(e.args[0])
         for a in e.args[1:]:
@@ -134,6 +138,16 @@ def _emit(e: sympy.Basic) -> str:
             out = f"_max({out}, {_emit(a)})"
         return out
     raise NotImplementedError(f"index expression: unsupported term {e!r} ({type(e).__name__})")
+
+
+def _integer_fraction(arg: sympy.Expr, term: sympy.Basic) -> tuple[sympy.Expr, sympy.Expr]:
+    """``arg`` as ``num / den`` with integer-valued ``num`` and a positive integer-valued ``den``."""
+    num, den = sympy.together(arg).as_numer_denom()
+    if den.is_negative:
+        num, den = -num, -den
+    if not (num.is_integer and den.is_integer and den.is_nonnegative):
+        raise NotImplementedError(f"index expression: unsupported term {term!r} (not a fraction of integers)")
+    return num, den
 
 
 def _abs(a):

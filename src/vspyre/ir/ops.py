@@ -129,6 +129,9 @@ _vec("sub", torch.sub, 2, "a - b")
 _vec("mul", torch.mul, 2, "a * b")
 _vec("truediv", lambda a, b: torch.true_divide(a, b), 2, "a / b (true division; multi-cycle)", True)
 _vec("floordiv", lambda a, b: torch.div(a, b, rounding_mode="floor"), 2, "floor(a / b)")
+# Inductor's div_rn (floor division of floats is floor(div_rn(a, b))): division rounded to nearest
+# even, IEEE. The card's divide already rounds that way (truediv), so the same op and cost.
+_vec("div_rn", lambda a, b: torch.true_divide(a, b), 2, "a / b rounded to nearest (IEEE; multi-cycle)", True)
 _vec("mod", torch.remainder, 2, "a mod b (sign of b, Python semantics)")
 _vec("pow", lambda a, b: torch.pow(a, b), 2, "a ** b", True)
 _vec("maximum", torch.maximum, 2, "max(a, b), NaN-propagating")
@@ -289,8 +292,8 @@ def _matmul_eval(a: torch.Tensor, b: torch.Tensor, axes_a: list[int], axes_b: li
         av, bv = av.to(torch.float32), bv.to(torch.float32)
     out = torch.einsum(f"{sa},{sb}->{so}", av, bv)
     shape = [1] * ndim
-    for ax in out_axes:
-        shape[ax] = max(a.shape[ax], b.shape[ax])
+    for ax in out_axes:     # the size of the operand varying along ax (the other has 1; M may be 0)
+        shape[ax] = a.shape[ax] if ax in axes_a else b.shape[ax]
     return out.reshape(shape)
 
 

@@ -187,7 +187,8 @@ class IndexValue:
         object.__setattr__(self, "expr", to_expr(self.expr))
 
     kind = property(lambda self: "index")
-    inputs = property(lambda self: ())
+    # SSA values in the expression (an index computed from loaded values, e.g. max-pool offsets)
+    inputs = property(lambda self: tuple(sorted(n for n in free_names(self.expr) if n.startswith("%"))))
     outputs = property(lambda self: (self.out,))
 
 

@@ -285,12 +285,21 @@ def _compile_fast(bd: Bound) -> list[Callable]:
                     env[out] = f(*[env[a] if isinstance(a, str) else a for a in g])
         elif isinstance(op, IndexValue):
             fn = compile_expr(_subst(op.expr, bd.sizes))
-            v = fn(ar)
-            v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
-            v = _cast_fn(op.dtype)(v)
+            if op.inputs:      # the expression reads SSA values: evaluated per launch
+                def step(env, H, fn=fn, ins=op.inputs, cast=_cast_fn(op.dtype), out=op.out):
+                    E = dict(ar)
+                    for n in ins:
+                        E[n] = env[n]
+                    v = fn(E)
+                    env[out] = cast(v if isinstance(v, torch.Tensor) else
+                                    torch.tensor(v, dtype=torch.int64).view([1] * ndim))
+            else:
+                v = fn(ar)
+                v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
+                v = _cast_fn(op.dtype)(v)
 
-            def step(env, H, v=v, out=op.out):
-                env[out] = v
+                def step(env, H, v=v, out=op.out):
+                    env[out] = v
         elif isinstance(op, Constant):
             v = _cast_fn(op.dtype)(_const_tensor(op.value, ndim))
 
@@ -451,7 +460,10 @@ class _Checked:
             f = d.fn if d.fn is not None else _cast_fn(op.dtype)
             env[op.out] = f(*[env[a] if isinstance(a, str) else _const_tensor(a, self.ndim) for a in op.args])
         elif isinstance(op, IndexValue):
-            v = compile_expr(_subst(op.expr, self.bd.sizes))(ar)
+            E = dict(ar)
+            for n in op.inputs:
+                E[n] = env[n]
+            v = compile_expr(_subst(op.expr, self.bd.sizes))(E)
             v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * self.ndim)
             env[op.out] = _cast_fn(op.dtype)(v)
         elif isinstance(op, Constant):
