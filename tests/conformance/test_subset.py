@@ -89,6 +89,15 @@ def test_mismatch_is_never_a_pass():
     assert rec["verdict"] == "mismatch", rec
 
 
+def test_cpu_resident_sample_args_stay_on_the_cpu():
+    """tensor_split's tensor_indices_or_sections must be a CPU tensor (on any device): the sweep
+    keeps the tensors the OpInfo generator makes on the CPU there (probe on the meta device)."""
+    for mode in ("eager", "compiled"):
+        torch._dynamo.reset()
+        rec = S.run_op(_op("tensor_split"), torch.float32, mode, max_samples=4)
+        assert rec["verdict"] == "pass" and rec["passed"] == 4, rec
+
+
 def test_float64_sample_is_unsupported_with_dtype_named():
     class F64:
         name, variant_test_name = "f64_neg", ""

@@ -2,7 +2,8 @@
 
 For each OpInfo op x dtype x mode (``eager`` on the device, ``compiled`` with the default
 Inductor backend, ``standalone`` with ``backend="spyre_standalone"``) the sample inputs are moved
-to the card, the op is run there and the result is compared with the CPU result by
+to the card (except the arguments ATen wants on the CPU on any device, see ``_cpu_resident``),
+the op is run there and the result is compared with the CPU result by
 ``torch.testing.assert_close`` at PyTorch's default tolerances for the dtype (widened for fp16
 only, see ``tolerances``). Each op x dtype x mode gets one verdict:
 
@@ -222,9 +223,58 @@ def _unsupported_dtype(sample) -> torch.dtype | None:
     return None
 
 
-def _to_device(tree, device: str):
-    return pytree.tree_map(lambda x: x.detach().clone().to(device)
-                           if isinstance(x, torch.Tensor) else x, tree)
+def _to_device(tree, device: str, keep_on_cpu: list[bool] | None = None):
+    """Copy every tensor of ``tree`` to ``device``, except the leaves ``keep_on_cpu`` marks."""
+    leaves, spec = pytree.tree_flatten(tree)
+    keep = keep_on_cpu if keep_on_cpu is not None and len(keep_on_cpu) == len(leaves) else [False] * len(leaves)
+    return pytree.tree_unflatten([x.detach().clone() if k else x.detach().clone().to(device)
+                                  if isinstance(x, torch.Tensor) else x for x, k in zip(leaves, keep)], spec)
+
+
+def _cpu_resident(sample, probe) -> list[bool] | None:
+    """Which tensors of a sample stay on the CPU when the op runs on a device.
+
+    OpInfo sample generators make tensors on the device they are given, except the arguments ATen
+    wants on the CPU whatever the device (tensor_split's tensor_indices_or_sections, index_put's CPU
+    indices, narrow's start), which they make on the CPU; PyTorch's own device tests rely on it. The
+    sweep generates its samples on the CPU (the reference needs them there), so ``probe``, the same
+    sample generated on the meta device, tells the two kinds apart: a tensor still on the CPU there
+    stays on the CPU. None (move everything) when the probe does not match the sample's structure
+    or has no meta tensor at all.
+    """
+    if probe is None:
+        return None
+    a, sa = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    b, sb = pytree.tree_flatten((probe.input, probe.args, probe.kwargs))
+    if sa != sb:
+        return None
+    keep = []
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return None
+        if isinstance(x, torch.Tensor) and (x.shape != y.shape or x.dtype != y.dtype):
+            return None
+        keep.append(isinstance(y, torch.Tensor) and y.device.type == "cpu")
+    if not any(isinstance(y, torch.Tensor) and y.device.type == "meta" for y in b):
+        return None     # a generator that ignores its device argument: move everything
+    return keep
+
+
+def _meta_samples(op, dtype):
+    """The op's sample generator on the meta device (None once it fails or runs out)."""
+    try:
+        it = iter(op.sample_inputs("meta", dtype, requires_grad=False))
+    except Exception:  # noqa: BLE001 - a generator that cannot run on meta: move everything
+        return
+    while True:
+        rng = torch.get_rng_state()       # the CPU samples draw the same values as without the probe
+        try:
+            probe = next(it)
+        except Exception:  # noqa: BLE001 - StopIteration or a meta-only failure
+            return
+        finally:
+            torch.set_rng_state(rng)
+        yield probe
 
 
 def _to_cpu(tree):
@@ -255,7 +305,17 @@ def _classify_exception(e: BaseException) -> str:
 
 
 def _short(e: BaseException, n: int = 240) -> str:
-    msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    """The error's first line; for a wrapper (Dynamo's BackendCompilerFailed, InductorError, ...)
+    whose own first line says nothing, the innermost cause's first line too."""
+    def first(x: BaseException) -> str:
+        text = str(x).strip()
+        return f"{type(x).__name__}: {text.splitlines()[0] if text else ''}"
+    msg = first(e)
+    inner = e
+    while inner.__cause__ is not None or getattr(inner, "inner_exception", None) is not None:
+        inner = inner.__cause__ or inner.inner_exception
+    if inner is not e:
+        msg = f"{msg} <- {first(inner)}"
     return msg[:n]
 
 
@@ -313,11 +373,13 @@ def run_op(op, dtype: torch.dtype, mode: str, *, max_samples: int, timeout: floa
         with _time_limit(timeout):
             runner = _make_runner(op, mode)
             samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+            probes = _meta_samples(op, dtype)
             n = 0
             for sample in samples:
                 if n >= max_samples:
                     break
                 n += 1
+                probe = next(probes, None)
                 bad = _unsupported_dtype(sample)
                 if bad is not None:
                     verdicts.append("unsupported")
@@ -331,7 +393,8 @@ def run_op(op, dtype: torch.dtype, mode: str, *, max_samples: int, timeout: floa
                 except Exception:
                     n -= 1          # an input the CPU rejects too: not a sample
                     continue
-                dev_in = _to_device((sample.input, sample.args, sample.kwargs), device)
+                dev_in = _to_device((sample.input, sample.args, sample.kwargs), device,
+                                    _cpu_resident(sample, probe))
                 torch.spyre.reset_fallback_stats()
                 try:
                     torch.manual_seed(0)
