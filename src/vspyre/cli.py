@@ -85,7 +85,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return 2
     opts = C.Options(out_dir=args.out, jobs=jobs, timeout=args.timeout, repeat=args.repeat,
                      warm=not args.no_warm, recompiles=not args.no_recompiles, resume=not args.fresh,
-                     retry_failed=args.retry_failed, ray=args.ray, preload=not args.no_preload)
+                     retry_failed=args.retry_failed, ray=args.ray, preload=not args.no_preload, threads=args.threads)
     t0 = time.perf_counter()
     rows = C.run(models, backends, opts)
     wanted = {(m, b.name) for m in models for b in backends}
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-warm", action="store_true", help="skip the warm-cache compile process")
     p.add_argument("--no-recompiles", action="store_true", help="skip the batch/sequence-length variants")
     p.add_argument("--fresh", action="store_true", help="discard OUT/results.jsonl instead of resuming")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default: the CPUs divided among the parallel rows)")
     p.add_argument("--no-preload", action="store_true",
                    help="start every worker as a new interpreter instead of forking it from a server "
                         "that has imported torch and transformers once (slower; for debugging)")

@@ -45,21 +45,35 @@ class Options:
     python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)
     preload: bool = True            # fork workers from a server with torch/transformers imported
+    threads: int | None = None      # torch intra-op threads per worker; None = CPUs // jobs
 
 
 def parse_jobs(value: str | int) -> int:
     """``--jobs``: a positive int, or 'auto' = the CPUs this process may run on (at most 8; each
     row's compile is mostly one busy core, and more rows than cores only stretch every row)."""
     if str(value) == "auto":
-        try:
-            n = len(os.sched_getaffinity(0))
-        except AttributeError:
-            n = os.cpu_count() or 1
-        return max(1, min(8, n))
+        return max(1, min(8, _cpus()))
     n = int(value)
     if n < 1:
         raise ValueError(f"--jobs must be >= 1 or 'auto', got {value!r}")
     return n
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def intra_op_threads(opts: Options) -> int:
+    """Threads each worker's torch may use: the CPUs shared out among the rows running at once,
+    so parallel rows do not oversubscribe the cores (OpenMP threads spinning against another
+    process's threads make small ops 10-30x slower and wall times meaningless)."""
+    if opts.threads:
+        return opts.threads
+    parallel = opts.jobs if not opts.ray else 1
+    return max(1, _cpus() // max(1, parallel))
 
 
 def torch_version() -> str:
@@ -135,7 +149,8 @@ def _run_phase(model: str, backend: Backend, phase: str, workdir: Path, cache_di
                opts: Options) -> dict[str, Any]:
     out = workdir / f"{phase}.json"
     job = {"model": model, "backend": backend.name, "backend_spec": backend.spec(), "phase": phase,
-           "out": str(out), "repeat": opts.repeat, "recompiles": opts.recompiles}
+           "out": str(out), "repeat": opts.repeat, "recompiles": opts.recompiles,
+           "threads": intra_op_threads(opts)}
     job_path = workdir / f"{phase}-job.json"
     job_path.write_text(json.dumps(job))
     env = dict(os.environ)
@@ -199,7 +214,8 @@ def run_row(model: str, backend_name: str, backend_spec: dict[str, Any], opts: O
     if not row.get("versions"):
         row["versions"] = {"torch": torch_version(), "python": sys.version.split()[0]}
     row["env"] = {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "repeat": opts.repeat,
-                  "timeout_s": opts.timeout, "jobs": opts.jobs, "preload": opts.preload,
+                  "timeout_s": opts.timeout, "jobs": opts.jobs, "threads": intra_op_threads(opts),
+                  "preload": opts.preload,
                   "ray": opts.ray}
     row["duration_s"] = time.perf_counter() - t0
     row["timestamp"] = schema.now()
@@ -264,6 +280,9 @@ def run(models: list[str], backends: list[Backend], opts: Options,
         if prog is not None:
             prog.stop()
     rows = schema.merge([schema.read_rows(jsonl)])
+    # Rows arrive in completion order; report them in the order asked for (others after).
+    order = {(m, b.name): i for i, (m, b) in enumerate((m, b) for m in models for b in backends)}
+    rows.sort(key=lambda r: order.get((r["model"], r["backend"]), len(order)))
     from . import report
     report.write_all(rows, out_dir)
     return rows

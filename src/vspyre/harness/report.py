@@ -83,7 +83,8 @@ def _runs(rows: list[dict[str, Any]]) -> list[str]:
     """How the rows were run: host, CPUs, rows in parallel, timed calls (one line per distinct setup)."""
     seen = dict.fromkeys(
         f"run on {env.get('hostname', '?')}: {env.get('cpus', '?')} CPUs, {env.get('jobs', '?')} row(s) in "
-        f"parallel, {env.get('repeat', '?')} timed calls, timeout {env.get('timeout_s', '?')} s"
+        f"parallel with {env.get('threads', '?')} torch thread(s) each, {env.get('repeat', '?')} timed calls, "
+        f"timeout {env.get('timeout_s', '?')} s"
         for env in ((r.get("env") or {}) for r in rows) if env)
     return list(seen)
 

@@ -54,7 +54,7 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "peak_device_mem_bytes": ((int, type(None)), "torch.spyre.max_memory_allocated() over load+compile+run"),
     "host_peak_rss_bytes": ((int, type(None)), "peak RSS of the worker process (getrusage)"),
     "versions": ((dict,), "{'torch', 'torch_git', 'vspyre', 'transformers', 'python', 'backend'}"),
-    "env": ((dict,), "{'hostname', 'cpus', 'repeat', 'timeout_s', 'jobs' (rows in parallel), 'preload', 'ray'}"),
+    "env": ((dict,), "{'hostname', 'cpus', 'repeat', 'timeout_s', 'jobs' (rows in parallel), 'threads' (torch threads per worker), 'preload', 'ray'}"),
     "duration_s": ((float, type(None)), "wall time of the row (all its processes)"),
     "seconds": ((dict, type(None)), "where the row's time went: {'startup' (interpreter + imports), 'load', "
                                     "'compile', 'run', 'accuracy', 'recompiles', 'warm_process'} in seconds"),

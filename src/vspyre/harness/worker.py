@@ -51,6 +51,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
     import vspyre
+
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
     from . import backends as B
     from . import cases
     from .accuracy import compare
@@ -274,6 +277,16 @@ def forked_main(job_path: str, stdout_path: str, stderr_path: str, env: dict[str
     """Entry point of a worker forked from the preloaded server: a new session (so a timeout
     kills its compile subprocesses too), its own stdout/stderr files and environment."""
     os.setsid()
+    # Our own multiprocessing resource tracker (the server's is shared): what a compile pool
+    # leaves behind at os._exit is cleaned up and reported in this worker's stderr file.
+    from multiprocessing import resource_tracker
+    rt = resource_tracker._resource_tracker
+    if getattr(rt, "_fd", None) is not None:
+        try:
+            os.close(rt._fd)
+        except OSError:
+            pass
+        rt._fd, rt._pid = None, None          # the next semaphore starts a tracker of our own
     for fd, path in ((1, stdout_path), (2, stderr_path)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
