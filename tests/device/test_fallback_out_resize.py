@@ -35,3 +35,20 @@ def test_out_tensor_resized_to_a_strided_layout():
     torch.testing.assert_close(outs[0].cpu(), want.solution, atol=1e-4, rtol=1e-4)
     # the device tensor is still usable as a normal tensor afterwards
     torch.testing.assert_close((outs[0] * 2).cpu(), want.solution * 2, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_layer_and_group_norm_run_whole_on_the_host(dtype):
+    """native_layer_norm / native_group_norm are one host fallback each (their math composite
+    split into fp16 steps was 2e-3 off), and match the CPU kernel exactly, also for shape [1]."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 6, dtype=dtype), torch.randn(6, dtype=dtype), torch.randn(6, dtype=dtype)
+    torch.spyre.reset_fallback_stats()
+    got = torch.nn.functional.layer_norm(x.to("spyre"), (6,), w.to("spyre"), b.to("spyre"))
+    assert dict(torch.spyre.fallback_stats()) == {"aten::native_layer_norm": 1}
+    torch.testing.assert_close(got.cpu(), torch.nn.functional.layer_norm(x, (6,), w, b), rtol=0, atol=0)
+    g = torch.randn(2, 6, 5, dtype=dtype)
+    torch.testing.assert_close(torch.nn.functional.group_norm(g.to("spyre"), 3).cpu(),
+                               torch.nn.functional.group_norm(g, 3), rtol=0, atol=0)
+    one = torch.randn(1)
+    assert torch.nn.functional.layer_norm(one.to("spyre"), (1,)).cpu().item() == 0.0

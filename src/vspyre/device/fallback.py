@@ -426,4 +426,14 @@ def register_overrideable_kernels() -> None:
 
     lib.impl("convolution_overrideable", conv, "PrivateUse1")
     lib.impl("convolution_backward_overrideable", conv_backward, "PrivateUse1")
+
+    # Layer and group norm have a CompositeExplicitAutograd kernel (math_native_layer_norm /
+    # math_group_norm) that other backends get; on the card it would split into several host
+    # fallbacks with float16 intermediates, 1.5e-3..2e-3 off the CPU kernel, which keeps float32
+    # inside and rounds once. Each runs as one host fallback instead.
+    def whole(op):
+        return lambda *args: _host_fallback(op, *args)
+
+    lib.impl("native_layer_norm", whole(aten.native_layer_norm.default), "PrivateUse1")
+    lib.impl("native_group_norm", whole(aten.native_group_norm.default), "PrivateUse1")
     _overrideable_lib = lib
