@@ -302,8 +302,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
         if j not in keep:
             frees[i].append(j)
 
+    def leaf(x):
+        return _Ref(idx[x]) if isinstance(x, fx.Node) else _symbolic_leaf(x, syms)
+
     def ref(a):
-        return _lift_symbolic(fx.node.map_arg(a, lambda x: _Ref(idx[x])), syms)
+        return fx.node.map_aggregate(a, leaf)
 
     instrs = []
     placeholders = []
@@ -419,24 +422,19 @@ def _symbol_sources(nodes: list, idx: dict) -> dict:
     return found
 
 
-def _lift_symbolic(a: Any, syms: dict) -> Any:
-    """Replace SymInt/SymFloat/SymBool literals in node arguments by :class:`_SymRef`s; a
-    ``torch.SymInt`` reaching an ATen op (or a kernel generator) at run time is an error."""
-    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        expr = a.node.expr
-        missing = [s for s in expr.free_symbols if s not in syms]
-        if missing:
-            raise RuntimeError(f"spyre_standalone: the symbolic value {expr} depends on {missing}, which no graph "
-                               f"input provides")
-        cast = int if isinstance(a, torch.SymInt) else float if isinstance(a, torch.SymFloat) else bool
-        return _SymRef(expr, [(s, *syms[s]) for s in expr.free_symbols], cast)
-    if isinstance(a, tuple):
-        return tuple(_lift_symbolic(x, syms) for x in a)
-    if isinstance(a, list):
-        return [_lift_symbolic(x, syms) for x in a]
-    if isinstance(a, dict):
-        return {k: _lift_symbolic(v, syms) for k, v in a.items()}
-    return a
+def _symbolic_leaf(a: Any, syms: dict) -> Any:
+    """A SymInt/SymFloat/SymBool literal of a node's arguments as a :class:`_SymRef` (other
+    values unchanged); a ``torch.SymInt`` reaching an ATen op (or a kernel generator) at run time
+    is an error."""
+    if not isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return a
+    expr = a.node.expr
+    missing = [s for s in expr.free_symbols if s not in syms]
+    if missing:
+        raise RuntimeError(f"spyre_standalone: the symbolic value {expr} depends on {missing}, which no graph "
+                           f"input provides")
+    cast = int if isinstance(a, torch.SymInt) else float if isinstance(a, torch.SymFloat) else bool
+    return _SymRef(expr, [(s, *syms[s]) for s in expr.free_symbols], cast)
 
 
 def _resolve(a: Any, get: Callable) -> Any:
