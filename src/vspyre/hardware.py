@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import threading
 import tomllib
@@ -99,6 +100,11 @@ class HardwareConfig:
     ring_bandwidth: float = field(default=192e9, metadata={
         "doc": "ring between cores, per direction (bytes/s)",
         "source": "torch-spyre docs: 128 B/cycle per direction; est. at 1.5 GHz"})
+    bus_share: tuple[tuple[int, float], ...] = field(default=((1, 0.11), (8, 0.54), (16, 0.54), (32, 1.0)), metadata={
+        "doc": "share of the aggregate device-memory bandwidth that a kernel running on N cores gets, as "
+               "(N, share) points; between points the share is interpolated linearly in log2(N), beyond "
+               "the last point it is that point's share. Each active core gets share(N) / N of the bus",
+        "source": "torch-spyre cost model (measured): 1 core ~11% of the bus, 8-16 cores ~54%, 32 cores the peak"})
     host_link_bandwidth: float = field(default=64e9, metadata={
         "doc": "host <-> card link per direction (bytes/s)", "source": "IBM: PCIe Gen5 x16, theoretical"})
     ring_hop_cycles: int = field(default=4, metadata={
@@ -124,6 +130,12 @@ class HardwareConfig:
             raise ValueError(f"hardware config: num_cards must be >= 1, got {self.num_cards}")
         if self.ecc_bytes > self.device_memory_bytes:
             raise ValueError("hardware config: ecc_bytes exceeds device_memory_bytes")
+        pts = tuple((int(n), float(f)) for n, f in self.bus_share)
+        object.__setattr__(self, "bus_share", pts)
+        if not pts or any(n < 1 or not 0 < f <= 1 for n, f in pts) or \
+                any(a[0] >= b[0] or a[1] > b[1] for a, b in zip(pts, pts[1:])):
+            raise ValueError("hardware config: bus_share must be (cores, share) points with increasing cores "
+                             f">= 1 and non-decreasing shares in (0, 1], got {self.bus_share}")
         if self.stick_bytes <= 0 or self.stick_bytes & (self.stick_bytes - 1):
             raise ValueError(f"hardware config: stick_bytes must be a power of two, got {self.stick_bytes}")
 
@@ -164,7 +176,24 @@ class HardwareConfig:
     @property
     def core_memory_bandwidth(self) -> float:
         """One core's share of device-memory bandwidth when all cores stream (bytes/s)."""
-        return self.device_memory_bandwidth / self.num_cores
+        return self.core_bandwidth(self.num_cores)
+
+    def bus_fraction(self, active_cores: int) -> float:
+        """Share of the aggregate device-memory bandwidth a kernel on ``active_cores`` cores gets."""
+        n = max(1, int(active_cores))
+        pts = self.bus_share
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
+            if n <= n1:
+                t = (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+                return f0 + t * (f1 - f0)
+        return pts[-1][1]
+
+    def core_bandwidth(self, active_cores: int) -> float:
+        """Device-memory bandwidth of one core while ``active_cores`` cores stream (bytes/s)."""
+        n = max(1, int(active_cores))
+        return self.device_memory_bandwidth * self.bus_fraction(n) / n
 
     def stick_elems(self, itemsize: int) -> int:
         """Elements of the given size in one stick (64 fp16, 32 fp32, 128 int8)."""
@@ -186,6 +215,8 @@ PRESETS: dict[str, HardwareConfig] = {
         vector_lanes=64,
         systolic_rows=8,
         scratchpad_bytes=2 * MiB,
+        # the KTIR CPU interpreter gives the active cores all of the bandwidth, however few
+        bus_share=((1, 1.0),),
     ),
 }
 DEFAULT_PRESET = "torch-spyre"
