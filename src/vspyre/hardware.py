@@ -105,6 +105,14 @@ class HardwareConfig:
                "(N, share) points; between points the share is interpolated linearly in log2(N), beyond "
                "the last point it is that point's share. Each active core gets share(N) / N of the bus",
         "source": "torch-spyre cost model (measured): 1 core ~11% of the bus, 8-16 cores ~54%, 32 cores the peak"})
+    rw_turnaround_ns_per_byte: float = field(default=0.0, metadata={
+        "doc": "read/write turnaround of the device-memory bus: extra ns per byte of the overlap "
+               "min(bytes read, bytes written) of a kernel (0: reads and writes stream at the same rate)",
+        "source": "est. 0; torch-spyre's cost model measures 0.00574 (150 GB/s one-way, ~105 GB/s balanced)"})
+    relayout_bandwidth: float = field(default=204.8e9, metadata={
+        "doc": "rate of a re-layout (restickify: a transposed operand rewritten with another dim in the "
+               "stick), bytes read + written per second",
+        "source": "est.: the device-memory bandwidth; torch-spyre's cost model measures ~116 GB/s"})
     host_link_bandwidth: float = field(default=64e9, metadata={
         "doc": "host <-> card link per direction (bytes/s)", "source": "IBM: PCIe Gen5 x16, theoretical"})
     ring_hop_cycles: int = field(default=4, metadata={
@@ -212,6 +220,7 @@ PRESETS: dict[str, HardwareConfig] = {
         clock_hz=1.0e9,
         device_memory_bandwidth=128e9,
         ring_bandwidth=64e9,
+        relayout_bandwidth=128e9,
         vector_lanes=64,
         systolic_rows=8,
         scratchpad_bytes=2 * MiB,
