@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import threading
 import tomllib
@@ -102,8 +101,9 @@ class HardwareConfig:
         "source": "torch-spyre docs: 128 B/cycle per direction; est. at 1.5 GHz"})
     bus_share: tuple[tuple[int, float], ...] = field(default=((1, 0.11), (8, 0.54), (16, 0.54), (32, 1.0)), metadata={
         "doc": "share of the aggregate device-memory bandwidth that a kernel running on N cores gets, as "
-               "(N, share) points; between points the share is interpolated linearly in log2(N), beyond "
-               "the last point it is that point's share. Each active core gets share(N) / N of the bus",
+               "(N, share) points; between points the share is interpolated linearly in N, beyond the last "
+               "point it is that point's share. Each active core gets share(N) / N of the bus, at most "
+               "share(1) (what one core's DMA engine reaches alone)",
         "source": "torch-spyre cost model (measured): 1 core ~11% of the bus, 8-16 cores ~54%, 32 cores the peak"})
     rw_turnaround_ns_per_byte: float = field(default=0.0, metadata={
         "doc": "read/write turnaround of the device-memory bus: extra ns per byte of the overlap "
@@ -194,14 +194,14 @@ class HardwareConfig:
             return pts[0][1]
         for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
             if n <= n1:
-                t = (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
-                return f0 + t * (f1 - f0)
+                return f0 + (n - n0) / (n1 - n0) * (f1 - f0)
         return pts[-1][1]
 
     def core_bandwidth(self, active_cores: int) -> float:
-        """Device-memory bandwidth of one core while ``active_cores`` cores stream (bytes/s)."""
+        """Device-memory bandwidth of one core while ``active_cores`` cores stream (bytes/s): its
+        part of the share they get together, never more than a core gets alone (its DMA engine)."""
         n = max(1, int(active_cores))
-        return self.device_memory_bandwidth * self.bus_fraction(n) / n
+        return self.device_memory_bandwidth * min(self.bus_fraction(1), self.bus_fraction(n) / n)
 
     def stick_elems(self, itemsize: int) -> int:
         """Elements of the given size in one stick (64 fp16, 32 fp32, 128 int8)."""

@@ -12,12 +12,16 @@ class Launches:
 
     def __enter__(self) -> "Launches":
         self.kernels: list[trace.KernelEvent] = []
+        self.relayouts: list[trace.KernelEvent] = []     # one-time re-layouts of transposed operands
         self.fallbacks: list[trace.FallbackEvent] = []
         trace.subscribe(self._on)
         return self
 
     def _on(self, e: trace.Event) -> None:
-        (self.kernels if isinstance(e, trace.KernelEvent) else self.fallbacks).append(e)
+        if isinstance(e, trace.KernelEvent):
+            (self.relayouts if e.extra.get("kind") == "relayout" else self.kernels).append(e)
+        else:
+            self.fallbacks.append(e)
 
     def __exit__(self, *exc) -> None:
         trace.unsubscribe(self._on)

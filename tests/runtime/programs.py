@@ -20,7 +20,7 @@ def elementwise(dtype=torch.float16, n="s0", m=256, **sched):
     return b.build(), lambda x, w: (lambda t: torch.sigmoid(1.702 * t) * t)(x.float() * w.float() + 1)
 
 
-def row_sum(dtype=torch.float32, n="n", m="m", **sched):
+def row_sum(dtype=torch.float32, n="n", m="m", ring=True, **sched):
     b = ProgramBuilder("row_sum", source="test")
     x = b.input("x", dtype, (n, m))
     y = b.output("y", dtype, (n,))
@@ -28,7 +28,7 @@ def row_sum(dtype=torch.float32, n="n", m="m", **sched):
     s = b.reduce("sum", b.load(x, x.index(i, r)), r)
     b.store(y, i, s)
     _sched(b, sched)
-    return b.build(), lambda x: x.float().sum(1)
+    return b.build(ring=ring), lambda x: x.float().sum(1)
 
 
 def col_max(dtype=torch.float32, n="n", m="m", **sched):

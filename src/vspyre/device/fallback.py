@@ -436,4 +436,82 @@ def register_overrideable_kernels() -> None:
 
     lib.impl("native_layer_norm", whole(aten.native_layer_norm.default), "PrivateUse1")
     lib.impl("native_group_norm", whole(aten.native_group_norm.default), "PrivateUse1")
+
+    # Attention: scaled_dot_product_attention on the card picks the "overrideable" backend (the C++
+    # part registers the choice), so that compiled graphs keep it as one node the compilers lower
+    # to the card's flash program. Eagerly it runs as ONE host fallback (the CPU's flash kernel on
+    # host aliases), named after the op, not as a dozen.
+    lib.impl("_scaled_dot_product_fused_attention_overrideable", _sdpa_eager, "PrivateUse1")
+    lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _sdpa_backward_eager, "PrivateUse1")
     _overrideable_lib = lib
+
+
+_SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"
+
+
+def _host_call(name: str, device: torch.device, fn, *args: Any) -> Any:
+    """Run the Python ``fn`` on host aliases of the device tensors in ``args`` as one counted host
+    fallback named ``name``; its tensor results come back to ``device``."""
+    if _mode == "strict":
+        raise HostFallbackError(f"spyre: {name} has no device kernel and would run on the host; strict fallback "
+                                "mode forbids that (torch.spyre.set_fallback_mode('allow') permits it)")
+    t0 = time.perf_counter_ns()
+    out = fn(*[_C._host_view(a) if _is_spyre(a) else a for a in args])
+    res = _map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, out)
+    _note(name, device.index if device.index is not None else _C._current_device(), t0, time.perf_counter_ns())
+    return res
+
+
+def _sdpa_host_inputs(q, k, v, bias):
+    if k.size(1) != q.size(1):                    # grouped-query attention: repeat the kv heads
+        g = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    if bias is not None and bias.dtype == torch.bool:
+        bias = torch.zeros(bias.shape, dtype=q.dtype).masked_fill(~bias, float("-inf"))
+    return k, v, bias
+
+
+def _sdpa_eager(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                *, scale=None):
+    def host(q, k, v, bias):
+        k, v, bias = _sdpa_host_inputs(q, k, v, bias)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, attn_mask=bias, scale=scale)
+
+    out, lse = _host_call(_SDPA, query.device, host, query, key, value, attn_bias)
+    empty = torch.empty(0, dtype=query.dtype, device=query.device)
+    seed = torch.zeros((), dtype=torch.int64, device=query.device)
+    return out, lse, empty, empty, query.size(2), key.size(2), seed, seed.clone(), empty
+
+
+def _sdpa_backward_eager(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                         cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    def host(go, q, k, v, bias):
+        # the math backward (autograd does not record below this kernel): S = scale q k^T + bias,
+        # P = softmax(S), O = P v; dV = P^T dO, dS = P (dO v^T - rowsum(dO * O)), dQ = scale dS k,
+        # dK = scale dS^T q; grouped kv heads sum the grads of their query heads.
+        dt = q.dtype
+        hq, hk = q.size(1), k.size(1)
+        kk, vv, b = _sdpa_host_inputs(q, k, v, bias)
+        qf, kf, vf, gof = (x.float() for x in (q, kk, vv, go))
+        sc = scale if scale is not None else q.size(-1) ** -0.5
+        sm = (qf @ kf.transpose(-2, -1)) * sc
+        if b is not None:
+            sm = sm + b.float()
+        if is_causal:
+            L, S = sm.shape[-2:]
+            sm = sm.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+        p = torch.softmax(sm, -1)
+        o = p @ vf
+        gv = p.transpose(-2, -1) @ gof
+        ds = p * (gof @ vf.transpose(-2, -1) - (gof * o).sum(-1, keepdim=True))
+        gq = (ds @ kf) * sc
+        gk = (ds.transpose(-2, -1) @ qf) * sc
+        if hk != hq:
+            gk = gk.unflatten(1, (hk, hq // hk)).sum(2)
+            gv = gv.unflatten(1, (hk, hq // hk)).sum(2)
+        return gq.to(dt), gk.to(dt), gv.to(dt)
+
+    gq, gk, gv = _host_call(_SDPA + "_backward", query.device, host, grad_out, query, key, value, attn_bias)
+    gb = torch.empty(0, dtype=query.dtype, device=query.device) if attn_bias is None else torch.zeros_like(attn_bias)
+    return gq, gk, gv, gb

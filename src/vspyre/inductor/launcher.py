@@ -16,7 +16,6 @@ from typing import Any, Sequence
 import torch
 
 from .. import runtime
-from ..device import _C
 from ..ir import ProgramBuilder
 
 __all__ = ["SpyreKernel", "compiled_region", "note_compiled_fallbacks", "compiled_fallbacks",
@@ -44,14 +43,15 @@ def reset_compiled_fallbacks() -> None:
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D host view over the bytes a tensor can address, starting at its first element."""
-    h = _C._host_view(t) if t.device.type == "spyre" else t
-    if h.dim() == 1 and h.stride(0) == 1:
-        return h
-    if h.numel() == 0:
-        return h.as_strided((0,), (1,))
-    span = 1 + sum((n - 1) * s for n, s in zip(h.shape, h.stride()))
-    return h.as_strided((span,), (1,))
+    """A 1-D view over the elements a tensor can address, starting at its first element. It stays
+    a device tensor (a view: same storage, same version counter), so the runtime can tell a
+    weight it has already re-laid from a changed one."""
+    if t.dim() == 1 and t.stride(0) == 1:
+        return t
+    if t.numel() == 0:
+        return t.as_strided((0,), (1,))
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.as_strided((span,), (1,))
 
 
 class _DotOperands:
@@ -112,3 +112,32 @@ def compiled_region(call: Any) -> Any:
 
     run.__wrapped__ = call  # type: ignore[attr-defined]
     return run
+
+
+class LibraryKernel:
+    """A library program of the card (``vspyre.ir.library``) called from a compiled graph: built
+    per shape of its arguments (cached) and launched like any kernel. ``kind`` names the builder;
+    ``params`` its static arguments."""
+
+    def __init__(self, kind: str, params: dict[str, Any]):
+        from ..ir import library
+        self.kind = kind
+        self.params = dict(params)
+        self.builder = getattr(library, kind)
+
+    def run(self, *tensors: torch.Tensor) -> None:
+        from ..ir.library import spec_of
+        p = self.params
+        specs = [spec_of(t) for t in tensors]
+        if self.kind == "attention":
+            q, k = specs[0], specs[1]
+            v = specs[2] if p.get("value", True) else None
+            mask = specs[-2] if p.get("mask") else None
+            prog = self.builder(q, k, v, specs[-1], mask, p.get("scale"), p.get("causal", False),
+                                name=p.get("name", "attention"), source="inductor")
+        else:  # pragma: no cover - a new library kind must say how its arguments map
+            raise NotImplementedError(f"library kernel {self.kind!r}")
+        runtime.launch(prog, *tensors, source="inductor")
+
+    def __repr__(self) -> str:
+        return f"LibraryKernel({self.kind!r}, {self.params!r})"

@@ -391,6 +391,68 @@ def _register_host_fallbacks() -> None:
             entry.extra_check = extra_check
 
 
+# -- attention: the card's flash program as one node ------------------------------------------
+def _library_node(kind: str, params: dict, inputs: list, size: list, dtype: torch.dtype, device: Any) -> Any:
+    """A node of Inductor's graph that the wrapper runs as one library program of the card."""
+    from torch._inductor import ir
+
+    class SpyreLibraryKernel(ir.ExternKernelOut):
+        """Inductor sees an extern kernel (inputs realized, an output buffer it plans); the wrapper
+        launches a tile program on the card (``vspyre.inductor.launcher.LibraryKernel``) instead of
+        calling a host function, so it is not a host fallback."""
+
+        def codegen(self, wrapper: Any) -> None:
+            wrapper.add_import_once("from vspyre.inductor.launcher import LibraryKernel")
+            name = f"spyre_{kind}_{self.get_name()}"
+            wrapper.header.writeline(f"{name} = LibraryKernel({kind!r}, {params!r})")
+            args = [x.codegen_reference() for x in self.inputs] + [self.codegen_reference()]
+            wrapper.writeline(f"{name}.run({', '.join(args)})")
+
+    layout = ir.FixedLayout(device, dtype, size, ir.FlexibleLayout.contiguous_strides(size))
+    node = SpyreLibraryKernel(layout, [ir.ExternKernel.realize_input(x) for x in inputs],
+                              python_kernel_name=f"spyre_{kind}")
+    return ir.TensorBox.create(node)
+
+
+def _sdpa_overrideable(query: Any, key: Any, value: Any, attn_bias: Any = None, dropout_p: float = 0.0,
+                       is_causal: bool = False, return_debug_mask: bool = False, scale: Any = None) -> Any | None:
+    """``_scaled_dot_product_fused_attention_overrideable`` (what SDPA calls on the card) as the
+    card's flash program (``vspyre.ir.library.attention``), and its log-sum-exp as a second one that
+    Inductor drops when nothing reads it (inference). None: not for the card (upstream fallback)."""
+    if not (_on_spyre(query) and _on_spyre(key) and _on_spyre(value)) or dropout_p or return_debug_mask:
+        return None
+    if attn_bias is not None and not _on_spyre(attn_bias):
+        return None
+    b, h, m = query.get_size()[:3]
+    e = value.get_size()[-1]
+    n = key.get_size()[2]
+    params = {"scale": None if scale is None else float(scale), "causal": bool(is_causal),
+              "mask": attn_bias is not None}
+    ins = [query, key, value] + ([attn_bias] if attn_bias is not None else [])
+    device = query.get_device()
+    out = _library_node("attention", {**params, "name": "attention"}, ins, [b, h, m, e], query.get_dtype(), device)
+    lse = _library_node("attention", {**params, "value": False, "name": "attention_lse"},
+                        [query, key] + ([attn_bias] if attn_bias is not None else []), [b, h, m], torch.float32,
+                        device)
+    return out, lse, None, None, m, n, None, None, None
+
+
+def _register_attention() -> None:
+    from torch._inductor.lowering import lowerings
+
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    upstream = lowerings.get(op)
+    if upstream is None or getattr(upstream, "_vspyre", False):
+        return
+
+    def sdpa(*args: Any, _upstream: Callable = upstream, **kwargs: Any) -> Any:
+        out = _sdpa_overrideable(*args, **kwargs)
+        return _upstream(*args, **kwargs) if out is None else out
+
+    sdpa._vspyre = True  # type: ignore[attr-defined]
+    lowerings[op] = sdpa
+
+
 def register() -> None:
     from torch._inductor.kernel import bmm as bmm_mod
     from torch._inductor.kernel import mm as mm_mod
@@ -415,4 +477,5 @@ def register() -> None:
 
     _register_convolution()
     _register_scans()
+    _register_attention()
     _register_host_fallbacks()

@@ -6,8 +6,8 @@ Imports go one way: hardware/numerics/trace <- device <- ir <- runtime <- compil
 from .builder import BufferRef, ProgramBuilder
 from .indexing import FloorDiv, ModularIndexing, sym, to_expr
 from .ops import OPS, Access, Cost, OpDef, access_layout
-from .planning import (Schedule, ScheduleError, legal_divisions, live_bytes, persistent_dims, pick_division,
-                       resolve, size_tiles, stick_dims)
+from .schedule import Schedule, ScheduleError, live_bytes, persistent_dims, stick_dims
+from .planning import legal_divisions, pick_division, resolve, size_tiles
 from .printer import format_program
 from .program import (Buffer, Compute, Constant, Dim, IndexValue, Load, Matmul, Program, ProgramError, Reduce,
                       RingReduce, Split, Store, TilePlan, WorkDivision, analyze)

@@ -20,8 +20,8 @@ import torch
 
 from .indexing import sym, to_expr
 from .ops import OPS
-from .program import (Buffer, Compute, Constant, Dim, IndexValue, Load, Matmul, Program, Reduce, RingReduce,
-                      Split, Store, TilePlan, WorkDivision)
+from .program import (RING_COMBINE, Buffer, Compute, Constant, Dim, IndexValue, Load, Matmul, Program, Reduce,
+                      RingReduce, SoftmaxMatmul, Split, Store, TilePlan, WorkDivision)
 
 __all__ = ["ProgramBuilder", "BufferRef"]
 
@@ -127,6 +127,13 @@ class ProgramBuilder:
         self.body.append(Matmul(out, a, b, str(dim), acc))
         return out
 
+    def softmax_matmul(self, s: str, v: str | None, dim: Any, zero_empty: bool = False) -> str:
+        """``sum over dim of softmax_dim(s) * v`` (attention's softmax and second product, online);
+        with ``v=None`` the log-sum-exp of ``s`` over ``dim``."""
+        out = self._new("att")
+        self.body.append(SoftmaxMatmul(out, s, v, str(dim), zero_empty))
+        return out
+
     def reduce(self, op: str, value: str, dims: Any, dtype: torch.dtype | None = None) -> str:
         if not isinstance(dims, (tuple, list)):
             dims = (dims,)
@@ -144,8 +151,75 @@ class ProgramBuilder:
             return lambda *args, dtype=None: self.compute(name, *args, dtype=dtype)
         raise AttributeError(name)
 
-    def build(self, **meta: Any) -> Program:
-        p = Program(self.name, tuple(self.buffers), tuple(self.dims), tuple(self.body), self.division, self.tiles,
+    def build(self, ring: bool = True, **meta: Any) -> Program:
+        """The program, validated (errors name the program and the op). ``ring``: after every
+        reduction that could be split over cores (a single-dim sum/prod/max/min/any, a matmul
+        without accumulator, an attention product, whose input depends on no ring reduction over
+        the same dim), insert the
+        ``RingReduce`` that would combine the per-core partials; it is the identity unless the
+        planner splits that dim (a long contraction on few output tiles: decode, P@V)."""
+        body = tuple(self.body)
+        p = Program(self.name, tuple(self.buffers), tuple(self.dims), body, self.division, self.tiles,
                     tuple(self.scalars), self.source, meta)
-        p.analysis  # validate now: errors name the program and the op
+        p.analysis
+        if ring:
+            body = with_ring_reductions(p)
+            if body is not p.body:
+                p = Program(self.name, p.buffers, p.dims, body, self.division, self.tiles, p.scalars, self.source, meta)
+                p.analysis
         return p
+
+
+def with_ring_reductions(p: Program) -> tuple:
+    """``p.body`` with a RingReduce after every reduction that may be split over cores (see
+    ``ProgramBuilder.build``); later uses read the combined value."""
+    ringed = {op.value for op in p.body if isinstance(op, RingReduce)}
+    rename: dict[str, str] = {}
+    out: list = []
+    changed = False
+    tainted: dict[str, frozenset[str]] = {}     # value -> dims of the ring reductions it depends on
+    for op in p.body:
+        if rename:
+            op = _renamed(op, rename)
+        out.append(op)
+        dep = frozenset().union(*[tainted.get(n, frozenset()) for n in op.inputs]) if op.inputs else frozenset()
+        if isinstance(op, RingReduce):
+            dep = dep | {op.dim}
+        for n in op.outputs:
+            tainted[n] = dep
+        if isinstance(op, Reduce):
+            ok = len(op.dims) == 1 and op.op in RING_COMBINE
+            dim, kind = (op.dims[0] if op.dims else None), RING_COMBINE.get(op.op)
+        elif isinstance(op, Matmul):
+            ok, dim, kind = op.acc is None, op.dim, "sum"
+        elif isinstance(op, SoftmaxMatmul):
+            ok, dim, kind = True, op.dim, "softmax"
+        else:
+            continue
+        name = op.outputs[0]
+        if not ok or name in ringed or dim in tainted[name]:
+            continue
+        new = f"{name}_ring"
+        out.append(RingReduce(new, kind, name, dim))
+        tainted[new] = tainted[name] | {dim}
+        rename[name] = new
+        changed = True
+    return tuple(out) if changed else p.body
+
+
+def _renamed(op: Any, rename: dict[str, str]) -> Any:
+    import dataclasses
+
+    subs = {sym(k): sym(v) for k, v in rename.items()}
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(op):
+        v = getattr(op, f.name)
+        if f.name in ("out",):
+            continue
+        if isinstance(v, str) and v in rename:
+            changes[f.name] = rename[v]
+        elif isinstance(v, tuple) and f.name == "args":
+            changes[f.name] = tuple(rename.get(a, a) if isinstance(a, str) else a for a in v)
+        elif isinstance(v, sympy.Basic) and v.free_symbols & set(subs):
+            changes[f.name] = v.xreplace(subs)
+    return dataclasses.replace(op, **changes) if changes else op

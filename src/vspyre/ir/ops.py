@@ -19,7 +19,7 @@ Cost convention: ``cost(cfg, op, tile)`` returns a :class:`Cost` for one tile, w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import sympy
@@ -44,7 +44,9 @@ class Cost:
 @dataclass(frozen=True)
 class Access:
     """How one Load/Store moves data: along ``unit_var`` in whole sticks (``contiguous``), or one
-    stick per element (a transposed operand, a gather, a non-affine index)."""
+    stick per element (a transposed operand, a gather without runs). ``probe``, when set, counts
+    the sticks a tile really touches by evaluating the address (and the mask) over the tile: views
+    with FloorDiv/ModularIndexing, broadcasts, masked loads (``cat``), convolution windows."""
 
     dims: frozenset[str]      # iteration dims the address depends on (the DMA box)
     itemsize: int
@@ -52,7 +54,26 @@ class Access:
     contiguous: bool
     reason: str               # human-readable: why (for the text form and the docs)
     relayout: bool = False    # re-laid once before the kernel (restickify), then read in sticks
-    run: int | None = None    # for a non-affine index: length of its stride-1 runs along unit_var
+    run: int | None = None    # for a gather: length of its stride-1 runs along unit_var
+    stride: int | None = None  # for an affine access without a stride-1 dim: the smallest stride
+    probe: Callable[[Mapping[str, int]], tuple[int, int]] | None = field(default=None, compare=False, repr=False)
+
+    def sticks(self, ext: Mapping[str, int], stick_bytes: int) -> tuple[int, int]:
+        """(sticks moved, elements needed) for a tile with these extents."""
+        if not self.dims:
+            return 1, 1
+        elems = 1
+        for d in self.dims:
+            elems *= ext[d]
+        if self.probe is not None:
+            return self.probe(ext)
+        if self.contiguous:
+            inner = ext[self.unit_var] if self.run is None else max(1, min(ext[self.unit_var], self.run))
+            return (elems // inner) * math.ceil(inner * self.itemsize / stick_bytes), elems
+        if self.stride is not None and self.unit_var is not None and self.stride * self.itemsize < stick_bytes:
+            e = ext[self.unit_var]                    # a strided row still shares sticks
+            return (elems // e) * math.ceil(((e - 1) * self.stride + 1) * self.itemsize / stick_bytes), elems
+        return elems, elems
 
 
 @dataclass
@@ -61,6 +82,7 @@ class TileCtx:
     ext: Mapping[str, int]                 # tile extent per iteration dim
     access: Mapping[int, Access]           # op index -> access layout (Load/Store)
     index: int = 0                         # op index being costed
+    dma_bytes_per_cycle: float = 0.0       # one core's device-memory rate (bytes/cycle) in this schedule
 
     @property
     def analysis(self):
@@ -233,21 +255,12 @@ _register(OpDef("constant", "none", "a scalar constant (an immediate: free)",
 # ----------------------------------------------------------------------- DMA
 def _dma_cost(unit: str):
     def cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
-        acc = t.access[t.index]
-        elems = 1
-        for d in acc.dims:
-            elems *= t.ext[d]
-        sb = cfg.stick_bytes
-        if not acc.dims:
-            sticks = 1
-        elif acc.contiguous:
-            inner = t.ext[acc.unit_var] if acc.run is None else max(1, min(t.ext[acc.unit_var], acc.run))
-            sticks = (elems // inner) * math.ceil(inner * acc.itemsize / sb)
-        else:
-            sticks = elems
-        nbytes = sticks * sb
-        bytes_per_cycle = cfg.core_memory_bandwidth / cfg.clock_hz
-        return Cost(unit, cfg.dma_setup_cycles + nbytes / bytes_per_cycle, bytes=nbytes, elems=elems)
+        sticks, elems = t.access[t.index].sticks(t.ext, cfg.stick_bytes)
+        nbytes = sticks * cfg.stick_bytes
+        rate = t.dma_bytes_per_cycle or cfg.core_memory_bandwidth / cfg.clock_hz
+        if not nbytes:
+            return Cost(unit, 0.0)
+        return Cost(unit, cfg.dma_setup_cycles + nbytes / rate, bytes=nbytes, elems=elems)
     return cost
 
 
@@ -300,6 +313,76 @@ def _matmul_eval(a: torch.Tensor, b: torch.Tensor, axes_a: list[int], axes_b: li
 _register(OpDef("matmul", "systolic",
                 "out = acc + sum over dim of a * b on the systolic array, fp32 accumulation",
                 _matmul_cost, _matmul_eval))
+
+
+# ----------------------------------------------------------------------- attention: online softmax @ v
+def _sm_partial(s: torch.Tensor, v: torch.Tensor | None, axes_s: list[int], axes_v: list[int], k: int,
+                ndim: int) -> tuple:
+    """State of one key tile: (row max m, sum of exp(s - m), exp(s - m) @ v or None). Rows whose
+    scores are all -inf have m = -inf, sum 0 and a zero product."""
+    s = s.to(torch.float32)
+    m = s.amax(dim=k, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isneginf(m), torch.zeros_like(m), m))
+    return m, p.sum(dim=k, keepdim=True), (_matmul_eval(p, v, axes_s, axes_v, k, ndim) if v is not None else None)
+
+
+def _sm_combine(x: tuple, y: tuple) -> tuple:
+    (m1, l1, a1), (m2, l2, a2) = x, y
+    m = torch.maximum(m1, m2)
+    c1 = torch.where(torch.isneginf(m1), torch.zeros_like(m1), torch.exp(m1 - m))
+    c2 = torch.where(torch.isneginf(m2), torch.zeros_like(m2), torch.exp(m2 - m))
+    return m, l1 * c1 + l2 * c2, (a1 * c1 + a2 * c2 if a1 is not None else None)
+
+
+def _sm_finish(state: tuple, zero_empty: bool) -> torch.Tensor:
+    m, l, a = state
+    if a is None:                                   # log-sum-exp (-inf for a row of -inf)
+        return m + torch.log(l)
+    out = a / l
+    return torch.where(l == 0, torch.zeros_like(out), out) if zero_empty else out
+
+
+@dataclass(frozen=True)
+class ReductionState:
+    """How the partial states of a reduction over tiles or cores are made, combined and finished."""
+
+    partial: Callable[..., Any]
+    combine: Callable[[Any, Any], Any]
+    finish: Callable[[Any, Any], torch.Tensor]      # (state, op) -> value
+
+
+SOFTMAX_MATMUL = ReductionState(_sm_partial, _sm_combine, lambda st, op: _sm_finish(st, op.zero_empty))
+
+
+def softmax_matmul_shape(p: Program, op: Any, ext: Mapping[str, int]) -> tuple[int, int, int, int]:
+    """(batch, queries, keys, value width) of one SoftmaxMatmul tile (width 0: log-sum-exp only)."""
+    ds = p.analysis.dims[op.s]
+    if op.v is None:
+        return math.prod(ext[d] for d in ds - {op.dim}), 1, ext[op.dim], 0
+    dv = p.analysis.dims[op.v]
+    prod = lambda ds_: math.prod(ext[d] for d in ds_)  # noqa: E731
+    return prod((ds & dv) - {op.dim}), prod(ds - dv), ext[op.dim], prod(dv - ds)
+
+
+def _softmax_matmul_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+    batch, m, n, e = softmax_matmul_shape(t.program, op, t.ext)
+    T = cfg.transcendental_factor
+    mn, rows = batch * m * n, batch * m
+    # vector unit: row max, subtract, exp, row sum over the tile; rescale factors and the running
+    # sum per row; rescale of the accumulator. Systolic: exp(s - m) @ v.
+    vec = (_lanes_cycles(cfg, mn, 3.0 + T) + _lanes_cycles(cfg, rows, 2.0 * T + 2.0)
+           + _lanes_cycles(cfg, batch * m * e, 2.0))
+    if not e:
+        return Cost("vector", float(vec), flops=4 * mn)
+    blocks = math.ceil(m / cfg.systolic_rows) * math.ceil(e / (cfg.systolic_cols * cfg.pe_simd_lanes))
+    sys_ = batch * math.ceil(blocks / cfg.corelets_per_core) * n + cfg.systolic_fill_cycles
+    return Cost("systolic", float(vec + sys_), flops=2 * mn * e + 4 * mn)
+
+
+_register(OpDef("softmax_matmul", "systolic",
+                "out = sum over dim of softmax_dim(s) * v (attention: online softmax over key tiles, "
+                "fp32 running max / sum / product, the product on the systolic array)",
+                _softmax_matmul_cost))
 
 
 # ----------------------------------------------------------------------- reductions
@@ -377,6 +460,19 @@ def _ring_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
     return Cost("ring", ring_transfer_cycles(cfg, nbytes, 1) + combine, flops=n, bytes=nbytes, elems=n)
 
 
+def _ring_softmax_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+    prod = t.analysis.producer[op.value]
+    batch, m, n, e = softmax_matmul_shape(t.program, prod, t.ext)
+    rows, n_out = batch * m, batch * m * e
+    nbytes = 4 * (n_out + 2 * rows)                  # the product (if any), the row max and the row sum
+    combine = _lanes_cycles(cfg, n_out, 2.0) + _lanes_cycles(cfg, rows, 2.0 * cfg.transcendental_factor + 3.0)
+    return Cost("ring", ring_transfer_cycles(cfg, nbytes, 1) + combine, flops=2 * n_out, bytes=nbytes, elems=n_out)
+
+
+_register(OpDef("ring.softmax", "ring",
+                "combine per-core partial attention states (row max, sum of exponentials, product) over "
+                "the ring: flash-decoding when the keys are split over cores", _ring_softmax_cost))
+
 for _r in ("sum", "prod", "max", "min", "any"):
     _register(OpDef(f"ring.{_r}", "ring",
                     f"combine per-core partials with {_r}: each partial travels to the next core toward "
@@ -399,29 +495,40 @@ def _feeds(p: Program, value: str) -> list[tuple[Any, str]]:
     return out
 
 
-def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int] = frozenset()) -> dict[int, Access]:
-    """Decide, per Load/Store, whether its DMA moves whole sticks along a stride-1 dim.
+def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int] = frozenset(),
+                  stick_bytes: int | None = None) -> dict[int, Access]:
+    """Decide, per Load/Store, how its DMA moves data.
 
-    Rules (docs/latency-model.md, "DMA"): an access is *contiguous* if its address has stride 1
-    along some iteration dim u (the box moves as rows of sticks along u) and u is the dim the
-    consumer wants in the stick: for a matmul's ``a`` operand the contraction dim, for ``b`` the
-    output's stick dim, for other loads either a reduction dim (a reduction along the stick) or
-    the kernel's output stick dim (the stride-1 dim of the first store). Anything else (a
-    transposed operand, a gather, a non-affine index) moves one stick per element.
+    Rules (docs/latency-model.md, "DMA"): an affine access is *contiguous* if its address has
+    stride 1 along some iteration dim u (the box moves as rows of sticks along u) and u is the dim
+    the consumer wants in the stick: for a matmul's ``a`` operand the contraction dim, for ``b``
+    the output's stick dim, for other loads either a reduction dim (a reduction along the stick)
+    or the kernel's output stick dim (the stride-1 dim of the first store); a transposed operand
+    moves one stick per element. An address that is not affine but computable from the indices
+    alone (a view's FloorDiv/ModularIndexing, a broadcast, a convolution window), and a load
+    masked by an index-only predicate (Inductor's ``cat``, padding), is charged the sticks it
+    really touches, counted by evaluating address and mask over the tile (``Access.probe``). A
+    gather through loaded values moves stride-1 runs if it has them (embedding rows), else a
+    stick per element.
 
     ``relayout``: indices of transposed matmul operands the planner chose to re-lay once (see
     :func:`relayout_candidates`): they are read in sticks along the dim the matmul wants.
     """
+    from ..hardware import get_config
+
+    stick_bytes = stick_bytes or get_config().stick_bytes
     an = p.analysis
     dims = p.dim_names
     kinds = {d.name: d.kind for d in p.dims}
     subs = {sym(k): sympy.Integer(v) for k, v in sizes.items()}
+    ext = {d.name: int(sympy.sympify(d.size).xreplace(subs)) for d in p.dims}
     forms: dict[int, Any] = {}
+    exprs: dict[int, Any] = {}
     out_stick: str | None = None
     for i, op in enumerate(p.body):
         if isinstance(op, (Load, Store)):
-            e = op.index.xreplace(subs)
-            forms[i] = affine_form(e, dims)
+            exprs[i] = op.index.xreplace(subs)
+            forms[i] = affine_form(exprs[i], dims)
             if isinstance(op, Store) and out_stick is None and forms[i]:
                 unit = [d for d, c in forms[i][1].items() if c == 1]
                 if unit and kinds[unit[0]] == "parallel":
@@ -436,20 +543,39 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
         ind = [n for n in free_names(op.index) if n.startswith("%")]
         for n in ind:
             adims |= an.dims[n]
+        mask = _index_only(p, op.mask, subs) if isinstance(op, Load) and op.mask else None
+        if isinstance(op, Load) and op.mask and mask is not None:
+            adims |= an.dims[op.mask]
         if form is None:
-            run = _stride1_run(op.index, [d for d in dims if d in adims], sizes, b.itemsize)
+            run = _stride1_run(exprs[i], [d for d in dims if d in adims], ext, b.itemsize, stick_bytes)
+            if not ind:
+                try:
+                    probe = _touch_probe(exprs[i], [d for d in dims if d in adims], b.itemsize, stick_bytes, mask)
+                except NotImplementedError:
+                    probe = None
+                if probe is not None:
+                    u = run[0] if run else None
+                    res[i] = Access(adims, b.itemsize, u, u is not None,
+                                    "sticks touched, counted over the tile (view, broadcast or window)", probe=probe)
+                    continue
             if run is not None:
                 u, n = run
-                res[i] = Access(adims, b.itemsize, u, True, f"runs of {n} along {u} (view or row gather)", run=n)
+                res[i] = Access(adims, b.itemsize, u, True, f"runs of {n} along {u} (row gather)", run=n)
             else:
-                res[i] = Access(adims, b.itemsize, None, False, "gather (non-affine or indirect index)")
+                res[i] = Access(adims, b.itemsize, None, False, "gather (indirect index without runs)")
             continue
         coefs = form[1]
         unit = [d for d, c in coefs.items() if c == 1]
         u = unit[-1] if unit else None
         if u is None:
-            res[i] = Access(adims, b.itemsize, None, False if adims else True,
-                            "no stride-1 dim: a stick per element" if adims else "scalar: one stick")
+            if not adims:
+                res[i] = Access(adims, b.itemsize, None, True, "scalar: one stick")
+            else:
+                v = min(coefs, key=lambda d: abs(coefs[d]))
+                st = abs(coefs[v])
+                why = (f"stride {st} along {v}: rows of sticks" if st * b.itemsize < stick_bytes
+                       else "no stride-1 dim: a stick per element")
+                res[i] = Access(adims, b.itemsize, v, False, why, stride=st)
             continue
         if isinstance(op, Store):
             res[i] = Access(adims, b.itemsize, u, True, f"sticks along {u}")
@@ -464,9 +590,12 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
                 wanted = out_stick if out_stick in par else (par[-1] if par else None)
                 why = "matmul b wants the output's stick dim in the stick"
             break
+        probe = _touch_probe(exprs[i], [d for d in dims if d in adims], b.itemsize, stick_bytes, mask) \
+            if mask is not None else None
         if wanted is None:
             if kinds[u] == "reduction" or out_stick is None or u == out_stick:
-                res[i] = Access(adims, b.itemsize, u, True, f"sticks along {u}")
+                res[i] = Access(adims, b.itemsize, u, True,
+                                f"sticks along {u}" + (" where the mask is true" if probe else ""), probe=probe)
             else:
                 res[i] = Access(adims, b.itemsize, u, False,
                                 f"stride-1 dim {u} is not the output stick dim {out_stick}: transposed")
@@ -476,29 +605,123 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
                 res[i] = Access(adims, b.itemsize, wanted, True, f"re-laid once so that {wanted} is in the stick",
                                 relayout=True)
             else:
-                res[i] = Access(adims, b.itemsize, u, ok, f"sticks along {u}" if ok else f"transposed: {why}")
+                res[i] = Access(adims, b.itemsize, u, ok, f"sticks along {u}" if ok else f"transposed: {why}",
+                                probe=probe if ok else None)
     return res
 
 
-def _stride1_run(index: Any, dims: list[str], sizes: Mapping[str, int], itemsize: int,
+PROBE_ELEMS = 1 << 12   # largest tile box an access probe evaluates; bigger boxes are sampled and scaled
+
+
+def _index_only(p: Program, name: str, subs: Mapping[Any, Any]) -> Callable[[dict], torch.Tensor] | None:
+    """An evaluator of value ``name`` over a box of aranges when it depends on indices and
+    constants only (a mask made of index comparisons); None if it reads memory or reductions."""
+    from .program import Constant, IndexValue
+
+    an = p.analysis
+    need: list[int] = []
+    todo = [name]
+    seen: set[str] = set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        op = an.producer[n]
+        if isinstance(op, IndexValue) and not op.inputs:
+            pass
+        elif isinstance(op, Constant):
+            pass
+        elif isinstance(op, Compute) and (op.op == "to" or OPS[op.op].fn is not None):
+            todo.extend(op.inputs)
+        else:
+            return None
+        need.append(p.body.index(op))
+    steps = sorted(set(need))
+
+    def run(env: dict) -> torch.Tensor:
+        vals: dict[str, Any] = {}
+        for i in steps:
+            op = p.body[i]
+            if isinstance(op, IndexValue):
+                v = compile_expr(op.expr.xreplace(subs))(env)
+                vals[op.out] = torch.as_tensor(v)
+            elif isinstance(op, Constant):
+                vals[op.out] = torch.as_tensor(op.value)
+            else:
+                fn = OPS[op.op].fn if op.op != "to" else _cast_fn(op.dtype)
+                vals[op.out] = fn(*[vals[a] if isinstance(a, str) else torch.as_tensor(a) for a in op.args])
+        return vals[name].to(torch.bool)
+    return run
+
+
+def _touch_probe(expr: Any, dims: list[str], itemsize: int, stick_bytes: int,
+                 mask: Callable[[dict], torch.Tensor] | None) -> Callable[[Mapping[str, int]], tuple[int, int]]:
+    """``probe(ext) -> (sticks, elements)``: the distinct sticks a tile at the origin touches (and
+    the elements it needs, where the mask is true), evaluated over the box. Boxes above
+    ``PROBE_ELEMS`` are sampled: the largest dims are halved until the box fits, and the counts are
+    scaled back per halved dim by how many more distinct sticks the full extent reaches along it
+    (with the others at 0): a dim the address ignores (a broadcast, the query heads sharing a key
+    head) scales nothing, a dim it walks scales by the sticks it walks."""
+    fn = compile_expr(expr)
+    per_stick = max(1, stick_bytes // itemsize)
+    memo: dict[tuple, tuple[int, int]] = {}
+
+    def distinct_along(j: int, n: int) -> int:
+        env = {d: torch.zeros(1, dtype=torch.int64) for d in dims}
+        env[dims[j]] = torch.arange(n, dtype=torch.int64)
+        v = torch.as_tensor(fn(env), dtype=torch.int64).reshape(-1)
+        return max(1, int(torch.unique(torch.div(v, per_stick, rounding_mode="floor")).numel()))
+
+    def probe(ext: Mapping[str, int]) -> tuple[int, int]:
+        key = tuple(int(ext[d]) for d in dims)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        sub = list(key)
+        while math.prod(sub) > PROBE_ELEMS:
+            k = max(range(len(sub)), key=lambda j: sub[j])
+            sub[k] = -(-sub[k] // 2)
+        env = {}
+        for j, d in enumerate(dims):
+            shape = [1] * len(dims)
+            shape[j] = sub[j]
+            env[d] = torch.arange(sub[j], dtype=torch.int64).view(shape)
+        full = torch.Size(sub)
+        addr = torch.as_tensor(fn(env), dtype=torch.int64).expand(full) if dims else torch.as_tensor(fn(env))
+        if mask is not None:
+            m = mask(env).expand(full)
+            addr = addr[m]
+            need = int(m.sum())
+        else:
+            addr = addr.reshape(-1)
+            need = addr.numel()
+        sticks = int(torch.unique(torch.div(addr, per_stick, rounding_mode="floor")).numel()) if addr.numel() else 0
+        grow = 1.0
+        for j in range(len(dims)):
+            if sub[j] < key[j]:
+                grow *= distinct_along(j, key[j]) / distinct_along(j, sub[j])
+        res = (math.ceil(sticks * grow), math.ceil(need * math.prod(key) / max(1, math.prod(sub))))
+        memo[key] = res
+        return res
+    return probe
+
+
+def _stride1_run(expr: Any, dims: list[str], ext: Mapping[str, int], itemsize: int, stick_bytes: int,
                  probe: int = 4096) -> tuple[str, int] | None:
-    """A non-affine index (a view's FloorDiv/ModularIndexing, a row gather ``W*%i + x``) that still
-    walks memory in stride-1 runs of at least a stick along one dim: ``(dim, typical run)``.
+    """An index that walks memory in stride-1 runs of at least a stick along one dim (a view's
+    FloorDiv/ModularIndexing, a row gather ``W*%i + x``): ``(dim, typical run)``.
 
     Probed numerically along each dim (innermost first) with the other dims and any indirect
     values at 0: the run is the mean length of the stretches where the address steps by 1.
     """
-    from ..hardware import get_config
-
-    stick = get_config().stick_bytes
-    e = index.xreplace({sym(k): sympy.Integer(v) for k, v in sizes.items()})
     try:
-        fn = compile_expr(e)
+        fn = compile_expr(expr)
     except NotImplementedError:
         return None
-    names = free_names(e)
+    names = free_names(expr)
     for u in reversed(dims):
-        n = min(probe, int(sizes.get(u, probe)) if u in sizes else probe)
+        n = max(1, min(probe, int(ext.get(u, probe))))
         env = {k: 0 for k in names}
         env[u] = torch.arange(n + 1)
         try:
@@ -510,7 +733,7 @@ def _stride1_run(index: Any, dims: list[str], sizes: Mapping[str, int], itemsize
         steps = (addr[1:] - addr[:-1]) == 1
         breaks = int((~steps).sum()) + 1
         run = (n + 1) // breaks
-        if run * itemsize >= stick:
+        if run * itemsize >= stick_bytes:
             return u, run
     return None
 

@@ -1,330 +1,71 @@
-"""Planning helpers both compilers share: work divisions in whole sticks, tile sizing against the
-scratchpad budget, and picking a division with the latency model.
+"""The planner: a search over schedules, scored by the latency model. Both compilers use it.
 
-``resolve(program, sizes)`` turns a program (whose ``division``/``tiles`` may be ``None``) and bound
-sizes into a concrete :class:`Schedule`: per core, its range of every dim, the tile extents, and
-whether DMA is double-buffered. The executor's checked mode, the latency model and the trace all
-walk this one schedule.
+``resolve(program, sizes)`` returns the :class:`~vspyre.ir.schedule.Schedule` with the lowest
+estimated time among the candidates, honouring whatever the program (or the caller) fixed
+(division, tiles, re-layout, loop order). The search, in the order it runs:
+
+1. **Re-layout** (``relayouts``): every subset of the transposed matmul operands (a linear's
+   weight) is tried read as-is (a stick per element) or re-laid once before the kernel.
+2. **Work division** (``divisions``): one or two parallel dims split over the cores in whole
+   sticks, or one parallel dim and the reduction dim (finished over the ring). Divisions are
+   visited from the lowest *lower bound* up: the time a core needs at least to move its box of
+   every operand once and to compute it, at the bandwidth share its number of active cores
+   gets. Once a schedule beats the next division's bound, the rest are skipped.
+3. **Loop order** (``orders``): the outer tiles in program order, or with one outer dim moved
+   innermost: the operand that does not depend on the innermost loop stays resident in the
+   scratchpad (e.g. a weight tile while the rows stream past it).
+4. **Tiles** (``tilings``): per dim a ladder of extents (the core's whole extent, then halves
+   down to one stick or row), with and without double buffering; the candidates are the
+   largest combinations that fit the scratchpad (no dim can grow without overflowing). When
+   nothing fits, stick dims may go below one stick (a partial stick costs a whole one) before
+   the planner gives up with an error that names the program, its shapes and the bytes needed.
+
+Each candidate is estimated (``latency.estimate_schedule``); the best wins (ties: fewer cores,
+fewer steps). Adding a kind of candidate is one generator here. Plans are cached per program and
+bound sizes by the runtime.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 from typing import Iterator, Mapping
-
-import torch
 
 from .. import hardware
 from ..hardware import HardwareConfig
+from .latency import estimate_schedule
 from .ops import Access, access_layout, relayout_candidates
-from .program import (Load, Matmul, Program, ProgramError, Reduce, Split, Store, TilePlan,
-                      WorkDivision, _bind)
+from .program import Program, ProgramError, Split, TilePlan, WorkDivision, _bind
+from .schedule import (Schedule, ScheduleError, bind_sizes, build_schedule, check_division, chunk_of, live_bytes,
+                       persistent_dims, scratchpad_overflow, stick_dims, tile_ranges, value_tile_bytes)
 
-__all__ = ["Schedule", "CoreWork", "resolve", "bind_sizes", "stick_dims", "persistent_dims", "live_bytes",
-           "value_tile_bytes", "size_tiles", "legal_divisions", "pick_division", "ScheduleError", "tile_ranges"]
+__all__ = ["resolve", "legal_divisions", "pick_division", "size_tiles", "Schedule", "ScheduleError",
+           "plan_stats"]
 
+MAX_LADDER = 6          # extents per dim in the tile ladder (the largest ones, plus the smallest)
+MAX_DIVISIONS = 10      # divisions searched in full (lowest bounds first)
+GAP = 0.98              # a division whose bound is within 2% of the best estimate cannot win enough to search
 
-class ScheduleError(RuntimeError):
-    """A schedule is illegal or was proven wrong by checked mode (names program, core, tile, buffer)."""
-
-
-def bind_sizes(p: Program, sizes: Mapping[str, int]) -> dict[str, int]:
-    return {d.name: _bind(d.size, sizes) for d in p.dims}
-
-
-@dataclass(frozen=True)
-class CoreWork:
-    core: int
-    coords: tuple[int, ...]                 # index along each split
-    ranges: tuple[tuple[int, int], ...]     # [start, stop) per dim (program dim order)
-
-    @property
-    def empty(self) -> bool:
-        return any(b <= a for a, b in self.ranges)
+plan_stats = {"plans": 0, "candidates": 0}
 
 
-@dataclass
-class Schedule:
-    program: Program
-    sizes: dict[str, int]                  # bound size symbols
-    extents: tuple[int, ...]               # per dim
-    splits: tuple[tuple[str, int, int, tuple[int, ...]], ...]   # (dim, parts, chunk, starts)
-    tiles: tuple[int, ...]                 # tile extent per dim
-    double_buffer: bool
-    cores: tuple[CoreWork, ...]
-    access: dict[int, Access]
-    ring_dim: str | None                   # the split dim combined over the ring (if any)
-    cfg: HardwareConfig = field(repr=False, default=None)
-    relayout: frozenset = frozenset()      # Load indices re-laid once before the kernel
-
-    @property
-    def num_cores(self) -> int:
-        return len(self.cores)
-
-    def ring_groups(self) -> list[list[CoreWork]]:
-        """Cores that share everything but the ring dim; owner (chunk index 0) first."""
-        if self.ring_dim is None:
-            return [[c] for c in self.cores]
-        k = [s[0] for s in self.splits].index(self.ring_dim)
-        groups: dict[tuple, list[CoreWork]] = {}
-        for c in self.cores:
-            key = c.coords[:k] + c.coords[k + 1:]
-            groups.setdefault(key, []).append(c)
-        return [sorted(g, key=lambda c: c.coords[k]) for g in groups.values()]
-
-    def describe(self) -> str:
-        p = self.program
-        sp = ", ".join(f"{d}/{n} chunk={c}" for d, n, c, _ in self.splits) or "none (1 core)"
-        tl = ", ".join(f"{d}={t}" for d, t in zip(p.dim_names, self.tiles))
-        rl = ""
-        if self.relayout:
-            names = ", ".join(sorted(p.body[i].buffer for i in self.relayout))
-            rl = f"; re-laid once: {names}"
-        return f"cores={self.num_cores} split: {sp}; tile: {tl}; double_buffer={self.double_buffer}{rl}"
-
-
-# ------------------------------------------------------------------------------ analysis helpers
-def stick_dims(p: Program, access: Mapping[int, Access], cfg: HardwareConfig) -> dict[str, int]:
-    """dim -> elements per stick, for every dim some contiguous access walks with stride 1.
-    Work division chunks and tile extents along these dims are whole sticks."""
-    out: dict[str, int] = {}
-    for acc in access.values():
-        if acc.contiguous and acc.unit_var is not None:
-            out[acc.unit_var] = max(out.get(acc.unit_var, 1), cfg.stick_elems(acc.itemsize))
-    return out
-
-
-def persistent_dims(p: Program) -> frozenset[str]:
-    """Reduction dims that must be one tile per core: some op needs a reduction over the dim
-    to be complete *and* varies along it (softmax's exp(x - max))."""
-    an = p.analysis
-    out: set[str] = set()
-    for i, op in enumerate(p.body):
-        vd: set[str] = set()
-        for n in op.inputs + op.outputs:
-            vd |= an.dims[n]
-        if isinstance(op, (Load, Store)):
-            vd |= {d for d in p.dim_names if d in {s.name for s in op.index.free_symbols}}
-        out |= an.op_after[i] & vd
-    return frozenset(out)
-
-
-def value_tile_bytes(shape_per_dim: list[int], value_dims: frozenset[str], dims: tuple[str, ...],
-                     itemsize: int, cfg: HardwareConfig) -> int:
-    """Scratchpad bytes of one value's tile: its box, innermost dim padded to whole sticks."""
-    ext = [n for d, n in zip(dims, shape_per_dim) if d in value_dims]
-    if not ext:
-        return cfg.stick_bytes
-    inner = ext[-1]
-    outer = math.prod(ext[:-1])
-    return outer * math.ceil(inner * itemsize / cfg.stick_bytes) * cfg.stick_bytes
-
-
-def _itemsize(dt: torch.dtype) -> int:
-    return torch.empty((), dtype=dt).element_size()
-
-
-def live_bytes(p: Program, tile: Mapping[str, int], double_buffer: bool, cfg: HardwareConfig) -> int:
-    """Peak scratchpad bytes of one tile step: values live at once (def to last use), reduction
-    accumulators, DMA staging tiles (twice when double-buffered). Checked mode measures the same
-    quantity on the actual tiles it runs."""
-    an = p.analysis
-    dims = p.dim_names
-    shape = [tile[d] for d in dims]
-    live: dict[str, int] = {}
-    peak = 0
-    for i, op in enumerate(p.body):
-        extra = 0
-        for name in op.outputs:
-            b = value_tile_bytes(shape, an.dims[name], dims, _itemsize(an.dtypes[name]), cfg)
-            if isinstance(op, Load):
-                b *= 2 if double_buffer else 1
-            if isinstance(op, (Reduce, Matmul)):
-                acc_dims = an.dims[name]
-                b = value_tile_bytes(shape, acc_dims, dims, 4, cfg)
-            live[name] = b
-        if isinstance(op, Store):
-            b = p.buffer(op.buffer)
-            extra = value_tile_bytes(shape, an.dims[op.value], dims, b.itemsize, cfg) * (2 if double_buffer else 1)
-        peak = max(peak, sum(live.values()) + extra)
-        for name in list(live):
-            if an.last_use.get(name, -1) <= i:
-                del live[name]
-    return peak
-
-
-# ------------------------------------------------------------------------------ resolve
-def tile_ranges(start: int, stop: int, tile: int) -> list[tuple[int, int]]:
-    return [(a, min(a + tile, stop)) for a in range(start, stop, max(1, tile))]
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def _chunk(size: int, parts: int, stick: int) -> int:
-    c = max(1, -(-size // parts))
-    return _round_up(c, stick) if stick > 1 else c
-
-
-def _check_division(p: Program, division: WorkDivision, cfg: HardwareConfig) -> str | None:
-    an = p.analysis
-    if division.num_cores > cfg.num_cores:
-        raise ScheduleError(f"program {p.name}: division uses {division.num_cores} cores, the card has {cfg.num_cores}")
-    seen = set()
-    ring_dim = None
-    for s in division.splits:
-        if s.dim not in p.dim_names:
-            raise ScheduleError(f"program {p.name}: division splits unknown dim {s.dim!r}")
-        if s.dim in seen:
-            raise ScheduleError(f"program {p.name}: division splits {s.dim} twice")
-        seen.add(s.dim)
-        if s.parts < 1:
-            raise ScheduleError(f"program {p.name}: split of {s.dim} into {s.parts} parts")
-        if s.dim in an.reduced_dims and s.parts > 1:
-            if ring_dim is not None:
-                raise ScheduleError(f"program {p.name}: at most one reduction dim may be split across cores")
-            ring_dim = s.dim
-            for i, op in enumerate(p.body):
-                if an.store_pending[i] and s.dim in an.store_pending[i]:
-                    raise ScheduleError(
-                        f"program {p.name}: reduction dim {s.dim} is split over {s.parts} cores but op {i} "
-                        f"(store to {op.buffer}) writes a partial result not combined by a RingReduce over {s.dim}")
-                if s.dim in an.op_ring[i]:
-                    vd = set().union(*[an.dims[n] for n in op.inputs + op.outputs]) if (op.inputs or op.outputs) else set()
-                    if s.dim in vd:
-                        raise ScheduleError(f"program {p.name}: op {i} ({op.kind}) runs after the ring reduction "
-                                            f"over {s.dim} but varies along {s.dim}; {s.dim} cannot be split")
-    return ring_dim
-
-
-def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
-            division: WorkDivision | None = None, tiles: TilePlan | None = None,
-            relayout: frozenset[int] | None = None) -> Schedule:
-    """The concrete schedule of ``p`` for bound ``sizes`` (planning what the program leaves open).
-
-    ``relayout=None``: the stick-aware access pass decides, for every transposed matmul operand,
-    whether to read it at its real cost or re-lay it once, by the latency model's estimate.
-    """
-    cfg = cfg or hardware.get_config()
-    if relayout is None:
-        return _resolve_relayout(p, sizes, cfg, division, tiles)
-    ext = bind_sizes(p, sizes)
-    access = access_layout(p, sizes, relayout)
-    sticks = stick_dims(p, access, cfg)
-    division = division or p.division
-    tiles = tiles or p.tiles
-    if division is None:
-        division = pick_division(p, sizes, cfg, tiles=tiles, relayout=relayout)
-    ring_dim = _check_division(p, division, cfg)
-    splits = []
-    for s in division.splits:
-        size = ext[s.dim]
-        chunk = _bind(s.chunk, sizes) if s.chunk is not None else _chunk(size, s.parts, sticks.get(s.dim, 1))
-        starts = s.starts if s.starts is not None else tuple(i * chunk for i in range(s.parts))
-        if len(starts) != s.parts:
-            raise ScheduleError(f"program {p.name}: split of {s.dim}: {len(starts)} starts for {s.parts} parts")
-        splits.append((s.dim, s.parts, chunk, tuple(starts)))
-    cores = []
-    for cid, coords in enumerate(itertools.product(*[range(s[1]) for s in splits])):
-        rng = {d: (0, n) for d, n in ext.items()}
-        for (d, parts, chunk, starts), c in zip(splits, coords):
-            a = min(starts[c], ext[d])
-            rng[d] = (a, min(a + chunk, ext[d]))
-        cores.append(CoreWork(cid, tuple(coords), tuple(rng[d] for d in p.dim_names)))
-    core_ext = {d: max((c.ranges[i][1] - c.ranges[i][0]) for c in cores) for i, d in enumerate(p.dim_names)}
-    budget = cfg.scratchpad_usable_bytes
-    if tiles is not None and tiles.sizes:
-        t = {d: core_ext[d] for d in p.dim_names}
-        for d, v in tiles.sizes:
-            t[d] = max(1, _bind(v, sizes))
-        db = tiles.double_buffer
-        if db is None:
-            db = live_bytes(p, {d: max(1, min(t[d], core_ext[d] or 1)) for d in t}, True, cfg) <= budget
-    else:
-        t, db = size_tiles(p, core_ext, sticks, cfg, budget,
-                           double_buffer=None if tiles is None else tiles.double_buffer)
-    return Schedule(p, dict(sizes), tuple(ext[d] for d in p.dim_names), tuple(splits),
-                    tuple(t[d] for d in p.dim_names), bool(db), tuple(cores), access, ring_dim, cfg,
-                    frozenset(relayout))
-
-
-def _resolve_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision | None,
-                      tiles: TilePlan | None) -> Schedule:
-    """Stick-aware access: try reading each transposed matmul operand as is or re-laid once."""
-    from .latency import estimate_schedule
-
+# ------------------------------------------------------------------------------ candidates
+def relayouts(p: Program, sizes: Mapping[str, int]) -> list[frozenset[int]]:
     cands = relayout_candidates(p, sizes)
-    if not cands:
-        return resolve(p, sizes, cfg, division, tiles, relayout=frozenset())
-    best = None
-    err: Exception | None = None
-    for n in range(len(cands) + 1):
-        for subset in itertools.combinations(cands, n):
-            try:
-                s = resolve(p, sizes, cfg, division, tiles, relayout=frozenset(subset))
-            except (ScheduleError, ProgramError) as e:
-                err = e
-                continue
-            us = estimate_schedule(s, segments=False).us
-            if best is None or us < best[0]:
-                best = (us, s)
-    if best is None:
-        raise err if err else ScheduleError(f"program {p.name}: no schedule")
-    return best[1]
+    return [frozenset(c) for n in range(len(cands) + 1) for c in itertools.combinations(cands, n)]
 
 
-def size_tiles(p: Program, core_ext: Mapping[str, int], sticks: Mapping[str, int], cfg: HardwareConfig,
-               budget: int, double_buffer: bool | None = None) -> tuple[dict[str, int], bool]:
-    """Largest tiles that fit ``budget``: start from the core's whole extent and halve the
-    largest shrinkable dim (parallel dims first, then non-persistent reduction dims), keeping
-    stick dims in whole sticks. Prefers double buffering when it fits with tiles at least a
-    quarter of the single-buffered ones. Raises ProgramError if even minimal tiles overflow."""
-    pers = persistent_dims(p)
-    kinds = {d.name: d.kind for d in p.dims}
-
-    def fit(db: bool) -> dict[str, int] | None:
-        t = {d: max(1, n) for d, n in core_ext.items()}
-        while live_bytes(p, t, db, cfg) > budget:
-            cands = []
-            for d, n in t.items():
-                unit = sticks.get(d, 1)
-                if d in pers or n <= unit:
-                    continue
-                cands.append((kinds[d] == "parallel", n // unit, d))
-            if not cands:
-                return None
-            cands.sort(reverse=True)
-            d = cands[0][2]
-            unit = sticks.get(d, 1)
-            t[d] = max(unit, _round_up(-(-t[d] // 2), unit))
-        return t
-
-    single = fit(False)
-    if single is None:
-        raise ProgramError(f"program {p.name}: even the smallest tiles overflow the scratchpad "
-                           f"({budget} usable bytes); persistent dims {sorted(pers)}")
-    if double_buffer is False:
-        return single, False
-    dbl = fit(True)
-    if dbl is not None and (double_buffer or math.prod(dbl.values()) * 4 >= math.prod(single.values())):
-        return dbl, True
-    if double_buffer:
-        raise ProgramError(f"program {p.name}: double buffering was asked for but does not fit the scratchpad")
-    return single, False
-
-
-def legal_divisions(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None) -> list[WorkDivision]:
-    """Candidate divisions: one parallel dim or two, optionally with one ring-combined reduction
+def legal_divisions(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
+                    access: dict[int, Access] | None = None) -> list[WorkDivision]:
+    """Candidate divisions: one parallel dim or two, or one with the ring-combined reduction
     dim, part counts that give every core at least one stick (or row), at most ``num_cores``."""
     cfg = cfg or hardware.get_config()
     an = p.analysis
     ext = bind_sizes(p, sizes)
-    sticks = stick_dims(p, access_layout(p, sizes), cfg)
+    sticks = stick_dims(p, access if access is not None else access_layout(p, sizes), cfg)
+    pers = persistent_dims(p)
     par = [d.name for d in p.dims if d.kind == "parallel" and d.name not in an.reduced_dims and ext[d.name] > 1]
-    red = [d for d in an.ring_dims if ext[d] > 1 and d not in persistent_dims(p)]
+    red = [d for d in an.ring_dims if ext[d] > 1 and d not in pers]
     n = cfg.num_cores
 
     def parts_for(d: str) -> list[int]:
@@ -344,53 +85,292 @@ def legal_divisions(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | 
     good = []
     for w in out:
         try:
-            _check_division(p, w, cfg)
+            check_division(p, w, cfg)
         except ScheduleError:
             continue
         good.append(w)
     return good
 
 
-def pick_division(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
-                  tiles: TilePlan | None = None, relayout: frozenset[int] = frozenset()) -> WorkDivision:
-    """The legal division with the lowest estimated time (ties: fewer cores)."""
-    from .latency import estimate_schedule
+def orders(p: Program, multi: frozenset[str]) -> list[tuple[str, ...]]:
+    """Program order, and each outer dim that has several tiles moved innermost."""
+    red = p.analysis.reduced_dims
+    base = tuple(d for d in p.dim_names if d not in red)
+    out = [base]
+    walked = [d for d in base if d in multi]
+    if len(walked) > 1:
+        for d in walked[:-1]:
+            out.append(tuple(x for x in base if x != d) + (d,))
+    return out
 
-    cfg = cfg or hardware.get_config()
-    best = None
-    for w in legal_divisions(p, sizes, cfg):
-        try:
-            s = resolve(p, sizes, cfg, division=w, tiles=tiles, relayout=relayout)
-        except (ScheduleError, ProgramError):
+
+def _ladder(n: int, unit: int, floor: int) -> list[int]:
+    """Tile extents for a dim of core extent ``n``: n, then halves in whole units down to ``floor``."""
+    out = [n]
+    t = n
+    while True:
+        t = max(floor, -(-(-(-t // 2)) // unit) * unit if unit > 1 else -(-t // 2))
+        if t >= out[-1]:
+            break
+        out.append(t)
+        if t <= floor:
+            break
+    if len(out) > MAX_LADDER:
+        out = out[:MAX_LADDER - 1] + [out[-1]]
+    return out
+
+
+def tilings(p: Program, core_ext: Mapping[str, int], sticks: Mapping[str, int], cfg: HardwareConfig,
+            double_buffer: bool, order: tuple[str, ...], fixed: Mapping[str, int] | None = None,
+            below_stick: bool = False) -> list[dict[str, int]]:
+    """The largest tiles that fit the scratchpad: every combination of ladder extents such that no
+    dim can take its next larger extent without overflowing (persistent dims stay whole)."""
+    budget = cfg.scratchpad_usable_bytes
+    pers = persistent_dims(p)
+    fixed = dict(fixed or {})
+    names = p.dim_names
+    ladders: dict[str, list[int]] = {}
+    for d in names:
+        n = max(1, core_ext[d])
+        if d in fixed:
+            ladders[d] = [max(1, min(n, fixed[d]))]
+        elif d in pers:
+            ladders[d] = [n]
+        else:
+            unit = 1 if below_stick else sticks.get(d, 1)
+            ladders[d] = _ladder(n, unit, min(n, unit))
+    free = [d for d in names if len(ladders[d]) > 1]
+    base = {d: ladders[d][0] for d in names}
+
+    def fits(t: dict[str, int]) -> bool:
+        multi = frozenset(d for d in names if core_ext[d] > t[d])
+        return live_bytes(p, t, double_buffer, cfg, multi, order) <= budget
+
+    out: list[dict[str, int]] = []
+    if not free:
+        return [base] if fits(base) else []
+    last = free[-1]
+    lad = ladders[last]
+    for combo in itertools.product(*[range(len(ladders[d])) for d in free[:-1]]):
+        t = dict(base)
+        for d, k in zip(free[:-1], combo):
+            t[d] = ladders[d][k]
+        # largest extent of the last free dim that fits (the ladder is decreasing; fit is monotone)
+        lo, hi = 0, len(lad) - 1
+        t[last] = lad[hi]
+        if not fits(t):
             continue
-        est = estimate_schedule(s, segments=False)
-        key = (est.cycles, w.num_cores)
-        if best is None or key < best[0]:
-            best = (key, w)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t[last] = lad[mid]
+            if fits(t):
+                hi = mid
+            else:
+                lo = mid + 1
+        t[last] = lad[lo]
+        out.append(dict(t))
+    # keep the maximal ones: drop a tile another candidate contains in every dim
+    out.sort(key=lambda t: -math.prod(t.values()))
+    maximal: list[dict[str, int]] = []
+    for t in out:
+        if not any(all(u[d] >= t[d] for d in names) for u in maximal):
+            maximal.append(t)
+    return maximal
+
+
+# ------------------------------------------------------------------------------ bounds
+def _core_extents(p: Program, sizes: Mapping[str, int], ext: Mapping[str, int], division: WorkDivision,
+                  sticks: Mapping[str, int]) -> dict[str, int]:
+    out = dict(ext)
+    for s in division.splits:
+        chunk = _bind(s.chunk, sizes) if s.chunk is not None else chunk_of(ext[s.dim], s.parts, sticks.get(s.dim, 1))
+        out[s.dim] = min(ext[s.dim], chunk)
+    return out
+
+
+def _active(ext: Mapping[str, int], core_ext: Mapping[str, int], division: WorkDivision) -> int:
+    n = 1
+    for s in division.splits:
+        n *= min(s.parts, -(-ext[s.dim] // max(1, core_ext[s.dim])))
+    return max(1, n)
+
+
+def division_bound(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision,
+                   access: dict[int, Access]) -> float:
+    """Microseconds a kernel with this division needs at least: its busiest core moves its box of
+    every operand once (whole sticks) at the bandwidth share of the active cores, and computes its
+    whole box in one tile (no per-tile overheads); the larger of the two, plus the launch."""
+    from .ops import OPS, TileCtx
+    from .program import Load, RingReduce, Store
+
+    ext = bind_sizes(p, sizes)
+    sticks = stick_dims(p, access, cfg)
+    core_ext = _core_extents(p, sizes, ext, division, sticks)
+    active = _active(ext, core_ext, division)
+    rate = cfg.core_bandwidth(active) / cfg.clock_hz
+    dma = comp = 0.0
+    for i, op in enumerate(p.body):
+        if isinstance(op, RingReduce) or (i in access and access[i].probe is not None):
+            continue        # (a probed access is left out: counting its sticks costs more than the bound saves)
+        c = OPS[op.kind].cost(cfg, op, TileCtx(p, core_ext, access, i, rate))
+        if isinstance(op, (Load, Store)):
+            dma += c.cycles
+        else:
+            comp += c.cycles
+    return cfg.kernel_launch_us + max(dma, comp) * 1e6 / cfg.clock_hz
+
+
+# ------------------------------------------------------------------------------ the search
+def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
+            division: WorkDivision | None = None, tiles: TilePlan | None = None,
+            relayout: frozenset[int] | None = None, order: tuple[str, ...] | None = None) -> Schedule:
+    """The best schedule of ``p`` for bound ``sizes``; what the caller (or the program) fixes is kept."""
+    cfg = cfg or hardware.get_config()
+    division = division or p.division
+    tiles = tiles or p.tiles
+    plan_stats["plans"] += 1
+    best: tuple | None = None
+    err: Exception | None = None
+    for rl in ([frozenset(relayout)] if relayout is not None else relayouts(p, sizes)):
+        try:
+            cand = _best_for_relayout(p, sizes, cfg, division, tiles, rl, order, best)
+        except (ScheduleError, ProgramError) as e:
+            err = e
+            continue
+        if cand is not None and (best is None or cand[0] < best[0]):
+            best = cand
     if best is None:
-        raise ScheduleError(f"program {p.name}: no legal work division fits the scratchpad")
+        raise err if err else ScheduleError(f"program {p.name}: no schedule")
     return best[1]
 
 
-def iter_tiles(s: Schedule, core: CoreWork) -> Iterator[tuple[tuple[tuple[int, int], ...], list[tuple[tuple[int, int], ...]]]]:
-    """For one core: (outer tile ranges, [inner tile ranges ...]) where inner tiles walk the
-    reduced dims (the dims of a reduction loop) and outer tiles the others."""
-    p = s.program
-    red = p.analysis.reduced_dims
-    names = p.dim_names
-    outer_axes = [i for i, d in enumerate(names) if d not in red]
-    inner_axes = [i for i, d in enumerate(names) if d in red]
-    outer_lists = [tile_ranges(*core.ranges[i], s.tiles[i]) for i in outer_axes]
-    inner_lists = [tile_ranges(*core.ranges[i], s.tiles[i]) for i in inner_axes]
-    inner = list(itertools.product(*inner_lists))
-    for o in itertools.product(*outer_lists):
-        base = list(core.ranges)
-        for ax, r in zip(outer_axes, o):
-            base[ax] = r
-        steps = []
-        for it in inner:
-            rr = list(base)
-            for ax, r in zip(inner_axes, it):
-                rr[ax] = r
-            steps.append(tuple(rr))
-        yield tuple(base), steps
+def _best_for_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision | None,
+                       tiles: TilePlan | None, relayout: frozenset[int], order: tuple[str, ...] | None,
+                       incumbent: tuple | None) -> tuple | None:
+    access = access_layout(p, sizes, relayout, cfg.stick_bytes)
+    sticks = stick_dims(p, access, cfg)
+    ext = bind_sizes(p, sizes)
+    fixed_tiles = {d: max(1, _bind(v, sizes)) for d, v in (tiles.sizes if tiles else ())}
+    db_opts = [tiles.double_buffer] if tiles is not None and tiles.double_buffer is not None else [True, False]
+    if division is not None:
+        divs = [(0.0, division)]
+    else:
+        divs = sorted(((division_bound(p, sizes, cfg, w, access), w) for w in legal_divisions(p, sizes, cfg, access)),
+                      key=lambda x: (x[0], -x[1].num_cores))
+    best = incumbent
+    need = None
+    searched = 0
+    for bound, w in divs:
+        if best is not None and (bound >= best[0][0] * 1e6 / cfg.clock_hz * GAP or searched >= MAX_DIVISIONS):
+            break
+        searched += 1
+        try:
+            check_division(p, w, cfg)
+        except ScheduleError:
+            if division is not None:
+                raise
+            continue
+        core_ext = _core_extents(p, sizes, ext, w, sticks)
+        tried_any = False
+        whole = {d: max(1, core_ext[d]) for d in p.dim_names}
+        if not fixed_tiles and live_bytes(p, whole, False, cfg, frozenset()) <= cfg.scratchpad_usable_bytes:
+            # everything fits in one step: nothing to tile, order or pipeline
+            s = build_schedule(p, sizes, cfg, w, whole, False, access, relayout, order)
+            plan_stats["candidates"] += 1
+            e = estimate_schedule(s, segments=False)
+            key = (e.cycles, w.num_cores, 1)
+            if best is None or key < best[0]:
+                best = (key, s)
+            continue
+        for below in (False, True):
+            for db in db_opts:
+                multi_all = frozenset(d for d in p.dim_names if core_ext[d] > 1)
+                for od in ([tuple(order)] if order else orders(p, multi_all)):
+                    if tiles is not None and tiles.sizes:
+                        # the caller's tiles are kept even if they overflow (checked mode will say so);
+                        # double buffering is only chosen for them if it fits
+                        cands = tilings(p, core_ext, sticks, cfg, db, od, fixed_tiles, below) \
+                            if len(fixed_tiles) < len(p.dim_names) else []
+                        if not cands:
+                            t = {d: min(max(1, core_ext[d]), fixed_tiles.get(d, core_ext[d])) for d in p.dim_names}
+                            multi = frozenset(d for d in p.dim_names if core_ext[d] > t[d])
+                            if db and tiles.double_buffer is None and \
+                                    live_bytes(p, t, True, cfg, multi, od) > cfg.scratchpad_usable_bytes:
+                                continue
+                            cands = [t]
+                    else:
+                        cands = tilings(p, core_ext, sticks, cfg, db, od, None, below)
+                    for t in cands:
+                        tried_any = True
+                        try:
+                            s = build_schedule(p, sizes, cfg, w, t, db, access, relayout, od)
+                        except ScheduleError:
+                            if division is not None:
+                                raise
+                            continue
+                        plan_stats["candidates"] += 1
+                        e = estimate_schedule(s, segments=False)
+                        steps = math.prod(len(tile_ranges(0, n, tt)) for n, tt in zip(core_ext.values(), t.values()))
+                        key = (e.cycles, w.num_cores, steps)
+                        if best is None or key < best[0]:
+                            best = (key, s)
+            if tried_any:
+                break
+        if not tried_any and need is None:
+            t1 = {d: 1 if d not in persistent_dims(p) else core_ext[d] for d in p.dim_names}
+            need = live_bytes(p, t1, False, cfg)
+    if best is None or best is incumbent:
+        if best is None and need is not None:
+            raise scratchpad_overflow(p, sizes, need, cfg, "even one-element tiles (the persistent dims "
+                                      f"{sorted(persistent_dims(p))} whole) do not fit")
+        return None
+    return best
+
+
+# ------------------------------------------------------------------------------ compatibility helpers
+def pick_division(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
+                  tiles: TilePlan | None = None, relayout: frozenset[int] = frozenset()) -> WorkDivision:
+    """The division of the best schedule."""
+    s = resolve(p, sizes, cfg, tiles=tiles, relayout=relayout)
+    return WorkDivision(tuple(Split(d, n, c) for d, n, c, _ in s.splits))
+
+
+def size_tiles(p: Program, core_ext: Mapping[str, int], sticks: Mapping[str, int], cfg: HardwareConfig,
+               budget: int | None = None, double_buffer: bool | None = None) -> tuple[dict[str, int], bool]:
+    """The largest (by volume) tile that fits, preferring double buffering when its tile is at least
+    a quarter of the single-buffered one."""
+    if budget is not None and budget != cfg.scratchpad_usable_bytes:
+        cfg = hardware.HardwareConfig(**{**hardware.as_dict(cfg),
+                                         "scratchpad_bytes": int(budget / (1 - cfg.scratchpad_reserve_fraction))})
+    order = tuple(d for d in p.dim_names if d not in p.analysis.reduced_dims)
+    res = {}
+    for db in (True, False):
+        c = tilings(p, core_ext, sticks, cfg, db, order) or tilings(p, core_ext, sticks, cfg, db, order,
+                                                                    below_stick=True)
+        res[db] = max(c, key=lambda t: math.prod(t.values())) if c else None
+    if double_buffer is False or res[True] is None:
+        if res[False] is None:
+            raise ProgramError(f"program {p.name}: even the smallest tiles overflow the scratchpad")
+        return res[False], False
+    if double_buffer or res[False] is None or math.prod(res[True].values()) * 4 >= math.prod(res[False].values()):
+        return res[True], True
+    return res[False], False
+
+
+def value_bytes(*args, **kwargs) -> int:  # pragma: no cover - re-export for tools
+    return value_tile_bytes(*args, **kwargs)
+
+
+def iter_candidates(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None) -> Iterator[Schedule]:
+    """Every candidate schedule the search would consider without pruning (for tools and tests)."""
+    cfg = cfg or hardware.get_config()
+    ext = bind_sizes(p, sizes)
+    for rl in relayouts(p, sizes):
+        access = access_layout(p, sizes, rl, cfg.stick_bytes)
+        sticks = stick_dims(p, access, cfg)
+        for w in legal_divisions(p, sizes, cfg, access):
+            core_ext = _core_extents(p, sizes, ext, w, sticks)
+            for db in (True, False):
+                for od in orders(p, frozenset(d for d in p.dim_names if core_ext[d] > 1)):
+                    for t in tilings(p, core_ext, sticks, cfg, db, od):
+                        yield build_schedule(p, sizes, cfg, w, t, db, access, rl, od)

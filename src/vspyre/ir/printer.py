@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .program import (Compute, Constant, IndexValue, Load, Matmul, Program, Reduce, RingReduce, Store)
+from .program import (Compute, Constant, IndexValue, Load, Matmul, Program, Reduce, RingReduce, SoftmaxMatmul,
+                      Store)
 
 __all__ = ["format_program", "dtype_name"]
 
@@ -55,6 +56,11 @@ def _op_text(op) -> str:
         return f"{op.out} = matmul({op.a}, {op.b}) over {op.dim}{acc}"
     if isinstance(op, Reduce):
         return f"{op.out} = reduce.{op.op}({op.value}) over {', '.join(op.dims)}"
+    if isinstance(op, SoftmaxMatmul):
+        z = " (all -inf rows: 0)" if op.zero_empty else ""
+        if op.v is None:
+            return f"{op.out} = logsumexp({op.s}) over {op.dim} (online)"
+        return f"{op.out} = softmax_matmul({op.s}, {op.v}) over {op.dim}{z}"
     if isinstance(op, RingReduce):
         return f"{op.out} = ring.{op.op}({op.value}) over {op.dim}"
     return repr(op)  # pragma: no cover

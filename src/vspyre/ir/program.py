@@ -32,7 +32,7 @@ from .indexing import free_names, sym, to_expr
 
 __all__ = [
     "Buffer", "Dim", "Load", "Store", "Compute", "IndexValue", "Constant", "Matmul", "Reduce",
-    "RingReduce", "Split", "WorkDivision", "TilePlan", "Program", "ProgramError", "Analysis",
+    "RingReduce", "SoftmaxMatmul", "Split", "WorkDivision", "TilePlan", "Program", "ProgramError", "Analysis",
     "analyze", "Op", "REDUCTIONS", "RING_COMBINE",
 ]
 
@@ -223,6 +223,30 @@ class Matmul:
     outputs = property(lambda self: (self.out,))
 
 
+@dataclass(frozen=True)
+class SoftmaxMatmul:
+    """``out = sum over dim of softmax_dim(s) * v``: attention's second product with its softmax,
+    as one reduction over the keys (an *online* softmax: the running max, the running sum of
+    exponentials and the weighted sum of ``v``, rescaled as key tiles arrive, so the scores never
+    need the whole key length at once). ``s`` varies along ``dim`` and the query dims, ``v`` along
+    ``dim`` and the output's value dims. Rows whose scores are all ``-inf`` give NaN, as softmax
+    does, or 0 with ``zero_empty``. fp32 state; the product runs on the systolic array. With
+    ``v=None`` the result is the log-sum-exp of the scores over ``dim`` (attention's saved
+    statistic), by the same online reduction.
+    """
+
+    out: str
+    s: str
+    v: str | None
+    dim: str
+    zero_empty: bool = False
+    dtype: torch.dtype = torch.float32
+
+    kind = property(lambda self: "softmax_matmul")
+    inputs = property(lambda self: (self.s, self.v) if self.v is not None else (self.s,))
+    outputs = property(lambda self: (self.out,))
+
+
 REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any")
 RING_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
 
@@ -267,7 +291,7 @@ class RingReduce:
     outputs = property(lambda self: (self.out,))
 
 
-Op = Union[Load, Store, Compute, IndexValue, Constant, Matmul, Reduce, RingReduce]
+Op = Union[Load, Store, Compute, IndexValue, Constant, Matmul, Reduce, RingReduce, SoftmaxMatmul]
 
 
 # ---------------------------------------------------------------------------------- schedule
@@ -514,6 +538,16 @@ def analyze(p: Program) -> Analysis:
             res = {op.out: (d, op.dtype)}
             a_after = a_after | {op.dim}
             a_pend = a_pend | {op.dim}
+        elif isinstance(op, SoftmaxMatmul):
+            if op.dim not in dimset:
+                raise _err(p, i, op, f"no dim {op.dim!r}")
+            if op.dim not in dims[op.s] or (op.v is not None and op.dim not in dims[op.v]):
+                raise _err(p, i, op, f"scores and values must both vary along the key dim {op.dim}")
+            d = (dims[op.s] | (dims[op.v] if op.v is not None else frozenset())) - {op.dim}
+            reduced.add(op.dim)
+            res = {op.out: (d, op.dtype)}
+            a_after = a_after | {op.dim}
+            a_pend = a_pend | {op.dim}
         elif isinstance(op, Reduce):
             if op.op not in REDUCTIONS:
                 raise _err(p, i, op, f"unknown reduction {op.op!r}; one of {REDUCTIONS}")
@@ -536,16 +570,16 @@ def analyze(p: Program) -> Analysis:
             a_pend = a_pend | set(op.dims)
         elif isinstance(op, RingReduce):
             prod = producer.get(op.value)
-            if not isinstance(prod, (Reduce, Matmul)):
-                raise _err(p, i, op, f"input {op.value} must be the direct result of a Reduce or Matmul")
+            if not isinstance(prod, (Reduce, Matmul, SoftmaxMatmul)):
+                raise _err(p, i, op, f"input {op.value} must be the direct result of a Reduce, Matmul or SoftmaxMatmul")
             pdims = prod.dims if isinstance(prod, Reduce) else (prod.dim,)
-            pop = prod.op if isinstance(prod, Reduce) else "sum"
+            pop = prod.op if isinstance(prod, Reduce) else ("softmax" if isinstance(prod, SoftmaxMatmul) else "sum")
             if op.dim not in pdims:
                 raise _err(p, i, op, f"{op.value} is not a reduction over {op.dim}")
-            if RING_COMBINE.get(pop) != op.op:
+            if RING_COMBINE.get(pop, pop if pop == "softmax" else None) != op.op:
                 raise _err(p, i, op, f"cannot combine partials of {pop} with ring.{op.op}")
-            if ring_after[op.value]:
-                raise _err(p, i, op, "a RingReduce may not depend on another RingReduce")
+            if op.dim in ring_after[op.value]:
+                raise _err(p, i, op, f"a RingReduce over {op.dim} may not depend on another RingReduce over {op.dim}")
             ringed.add(op.dim)
             res = {op.out: (dims[op.value], dtypes[op.value])}
             a_ring = a_ring | {op.dim}

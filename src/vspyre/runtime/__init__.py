@@ -25,11 +25,12 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .. import trace
+from .. import hardware, trace
 from ..ir.planning import ScheduleError
 from ..ir.printer import format_program
 from ..ir.program import Program
 from .executor import Bound, LaunchError, bind, run_checked, run_fast
+from . import relayout
 from .memory import host
 
 __all__ = ["launch", "host", "ScheduleError", "LaunchError", "MODES", "default_mode", "dump"]
@@ -108,23 +109,38 @@ def launch(program: Program, *tensors: torch.Tensor, mode: str | None = None,
             if b.offset is not None and t.storage_offset() != b.offset:
                 raise LaunchError(f"program {program.name}: buffer {b.name} wants storage offset {b.offset}, "
                                   f"got {t.storage_offset()}")
-    hosts = [t if t.is_cpu else host(t) for t in tensors]
     m = mode or default_mode()
     if m not in MODES:
         raise ValueError(f"launch: mode must be one of {MODES}, got {m!r}")
+    # operands read through a re-layout: laid out once per tensor version and kept on the card
+    missed = [r for r in bd.relayouts() if not relayout.lookup(tensors[r[0]], r[2], r[3], r[4])]
+    hosts = [t if t.is_cpu else host(t) for t in tensors]
     if torch.autograd._profiler_enabled():      # visible in torch.profiler's CPU timeline
         with torch.profiler.record_function(f"spyre::{program.name}"):
             facts = run_fast(bd, hosts) if m == "fast" else run_checked(bd, hosts)
     else:
         facts = run_fast(bd, hosts) if m == "fast" else run_checked(bd, hosts)
+    if relayout.active():
+        for b, t in zip(program.buffers, tensors):
+            if b.role != "in":
+                relayout.invalidate(t)
     if trace.listening():
         t1 = time.perf_counter_ns()
         e = bd.estimate()
         dev = next((t.device.index or 0 for t in tensors if t.device.type != "cpu"), 0)
+        src = source or program.source
+        bw = hardware.get_config().device_memory_bandwidth
+        for bi, name, span, stride, nbytes, us in missed:
+            trace.publish(trace.KernelEvent(
+                name=f"relayout {name} ({program.name})", device=dev, host_start_ns=t0, host_end_ns=t0, est_us=us,
+                bottleneck="memory", bytes_moved=2 * nbytes, flops=0, roofline_us=2 * nbytes / bw * 1e6,
+                segments=(trace.Segment(0, "dma_in", 0.0, us, f"re-lay {name}"),), source=src,
+                extra={"kind": "relayout", "buffer": name, "kernel": program.name}))
+        e = e.without_relayout()
         trace.publish(trace.KernelEvent(
             name=program.name, device=dev, host_start_ns=t0, host_end_ns=t1, est_us=e.us,
             bottleneck=e.bottleneck, bytes_moved=e.dma_bytes, flops=e.flops, roofline_us=e.roofline_us,
-            segments=e.segments, source=source or program.source,
+            segments=e.segments, source=src,
             extra={"mode": m, "schedule": e.schedule, "compulsory_bytes": e.compulsory_bytes,
                    "ring_bytes": e.ring_bytes, "sizes": dict(bd.sizes)}))
     return facts

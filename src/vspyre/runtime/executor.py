@@ -24,9 +24,11 @@ import torch
 
 from .. import hardware, numerics
 from ..ir.indexing import affine_form, compile_expr, free_names, sym
-from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, _cast_fn, _matmul_eval
-from ..ir.planning import Schedule, ScheduleError, bind_sizes, iter_tiles, resolve, value_tile_bytes
+from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, SOFTMAX_MATMUL, _cast_fn, _matmul_eval
+from ..ir.planning import resolve
+from ..ir.schedule import (Schedule, ScheduleError, bind_sizes, iter_tiles, live_bytes, op_rules, runs_at)
 from ..ir.program import (Compute, Constant, IndexValue, Load, Matmul, Program, ProgramError, Reduce, RingReduce,
+                          SoftmaxMatmul,
                           Store, _bind)
 
 __all__ = ["Bound", "bind", "run_fast", "run_checked", "ScheduleError", "LaunchError"]
@@ -84,6 +86,29 @@ class Bound:
             from ..ir.latency import estimate_schedule
             self._estimate = estimate_schedule(s, segments=True)
         return self._estimate
+
+    def relayouts(self) -> tuple[tuple[int, str, int, int, int, float], ...]:
+        """The operands this launch reads through a re-layout: (buffer index, buffer name, span,
+        stride that moves into the stick, bytes, us), planned once per bound sizes."""
+        info = self.meta.get("relayouts")
+        if info is None or self.meta.get("relayouts_cfg") is not hardware.get_config():
+            info = ()
+            if any(isinstance(op, Matmul) for op in self.program.body):
+                from ..ir.latency import relayout_cost
+                s = self.schedule()
+                names = [b.name for b in self.program.buffers]
+                out = []
+                for i in sorted(s.relayout):
+                    op = self.program.body[i]
+                    form = affine_form(_subst(op.index, self.sizes), self.program.dim_names)
+                    stride = form[1].get(s.access[i].unit_var, 0) if form else 0
+                    bi = names.index(op.buffer)
+                    nbytes, us = relayout_cost(s, i)
+                    out.append((bi, op.buffer, self.spans[bi], stride, nbytes // 2, us))
+                info = tuple(out)
+            self.meta["relayouts"] = info
+            self.meta["relayouts_cfg"] = hardware.get_config()
+        return info
 
 
 # ------------------------------------------------------------------------------------- binding
@@ -325,6 +350,14 @@ def _compile_fast(bd: Bound) -> list[Callable]:
             def step(env, H, op=op, axes_a=axes_a, axes_b=axes_b, k=k):
                 r = _matmul_eval(env[op.a], env[op.b], axes_a, axes_b, k, ndim)
                 env[op.out] = r + env[op.acc] if op.acc else r
+        elif isinstance(op, SoftmaxMatmul):
+            axes_s = sorted(names.index(d) for d in an.dims[op.s])
+            axes_v = sorted(names.index(d) for d in an.dims[op.v]) if op.v else []
+            k = names.index(op.dim)
+
+            def step(env, H, op=op, axes_s=axes_s, axes_v=axes_v, k=k):
+                st = SOFTMAX_MATMUL.partial(env[op.s], env[op.v] if op.v else None, axes_s, axes_v, k, ndim)
+                env[op.out] = SOFTMAX_MATMUL.finish(st, op)
         elif isinstance(op, RingReduce):
             def step(env, H, op=op):       # the whole reduction was done in one piece
                 env[op.out] = env[op.value]
@@ -365,6 +398,8 @@ class _Checked:
         self.hosts = hosts
         self.names = self.p.dim_names
         self.ndim = len(self.names)
+        self.rules = op_rules(self.p)
+        self.inner = frozenset(d for d in self.names if d in self.an.reduced_dims)
         self.bidx = {b.name: i for i, b in enumerate(self.p.buffers)}
         self.counts = {b.name: torch.zeros(bd.spans[i], dtype=torch.int32)
                        for i, b in enumerate(self.p.buffers) if b.role != "in"}
@@ -372,6 +407,7 @@ class _Checked:
         self.peak = 0
         self.sends: list[tuple] = []
         self.recvs: list[tuple] = []
+        self._live: dict = {}
         self.exprs = {i: (compile_expr(_subst(op.index, bd.sizes)),
                           sorted(n for n in free_names(op.index) if n.startswith("%")))
                       for i, op in enumerate(self.p.body) if isinstance(op, (Load, Store))}
@@ -389,27 +425,24 @@ class _Checked:
         v = fn(E)
         return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * self.ndim)
 
-    def bytes_of(self, name: str, v: torch.Tensor, itemsize: int | None = None) -> int:
-        shape = [v.shape[k] if k < v.dim() else 1 for k in range(self.ndim)]
-        it = itemsize or torch.empty((), dtype=self.an.dtypes[name]).element_size()
-        return value_tile_bytes(shape, self.an.dims[name], self.names, it, self.cfg)
-
-    def account(self, live: dict, extra: int, core, tile, i: int) -> None:
-        total = sum(live.values()) + extra
+    def account(self, core, tile, multi: frozenset[str]) -> None:
+        """The scratchpad bytes of this step (the planner's own accounting, on the actual tile)."""
+        ext = tuple(b - a for a, b in tile)
+        key = (ext, multi)
+        total = self._live.get(key)
+        if total is None:
+            total = self._live[key] = live_bytes(self.p, dict(zip(self.names, ext)), self.s.double_buffer,
+                                                 self.cfg, multi, self.s.order)
         self.peak = max(self.peak, total)
         if total > self.capacity:
-            op = self.p.body[i]
             raise ScheduleError(
-                f"{self.where(core, tile)}: scratchpad overflow at op {i} ({op.kind}): {total} live bytes > "
-                f"{self.capacity} usable ({self.cfg.scratchpad_bytes} minus {self.cfg.scratchpad_reserve_fraction:.0%} "
-                f"reserve); live: {', '.join(f'{k}={v}' for k, v in live.items())}")
+                f"{self.where(core, tile)}: scratchpad overflow: {total} live bytes > {self.capacity} usable "
+                f"({self.cfg.scratchpad_bytes} minus {self.cfg.scratchpad_reserve_fraction:.0%} reserve) for tile "
+                f"extents {dict(zip(self.names, ext))}, double_buffer={self.s.double_buffer}")
 
     # -- one op on one tile ----------------------------------------------------------------
-    def run_op(self, i: int, op, env, ar, core, tile, live: dict, states: dict, inner_first: bool,
-               accumulate: bool) -> None:
+    def run_op(self, i: int, op, env, ar, core, tile, states: dict) -> None:
         p, an = self.p, self.an
-        db = self.s.double_buffer
-        extra = 0
         if isinstance(op, Load):
             bi = self.bidx[op.buffer]
             span = self.bd.spans[bi]
@@ -428,7 +461,6 @@ class _Checked:
             if m is not None:
                 vals = torch.where(m, vals, torch.tensor(op.other, dtype=vals.dtype))
             env[op.out] = vals
-            live[op.out] = self.bytes_of(op.out, vals) * (2 if db else 1)
         elif isinstance(op, Store):
             bi = self.bidx[op.buffer]
             buf = p.buffers[bi]
@@ -454,7 +486,6 @@ class _Checked:
             t = self.hosts[bi]
             flat = t.as_strided((span,), (1,), t.storage_offset())
             flat[idx] = val
-            extra = self.bytes_of(op.value, env[op.value], buf.itemsize) * (2 if db else 1)
         elif isinstance(op, Compute):
             d = OPS[op.op]
             f = d.fn if d.fn is not None else _cast_fn(op.dtype)
@@ -468,48 +499,47 @@ class _Checked:
             env[op.out] = _cast_fn(op.dtype)(v)
         elif isinstance(op, Constant):
             env[op.out] = _cast_fn(op.dtype)(_const_tensor(op.value, self.ndim))
-        elif isinstance(op, (Reduce, Matmul)):
+        elif isinstance(op, (Reduce, Matmul, SoftmaxMatmul)):
+            combine, finish = _reduction_state(op)
             if isinstance(op, Reduce):
-                impl = REDUCE_IMPL[op.op]
                 axes = tuple(self.names.index(d) for d in op.dims)
                 x = env[op.value]
                 shape = list(x.shape)
                 for a in axes:
                     shape[a] = tile[a][1] - tile[a][0]
                 x = x.expand(shape)
-                start = tile[axes[0]][0]
-                part = impl.partial(x, axes, start)
-                combine, finish = impl.combine, impl.finish
-            else:
+                part = REDUCE_IMPL[op.op].partial(x, axes, tile[axes[0]][0])
+                reduced = set(op.dims)
+            elif isinstance(op, Matmul):
                 axes_a = sorted(self.names.index(d) for d in an.dims[op.a])
                 axes_b = sorted(self.names.index(d) for d in an.dims[op.b])
                 part = _matmul_eval(env[op.a], env[op.b], axes_a, axes_b, self.names.index(op.dim), self.ndim)
-                combine, finish = torch.add, (lambda s: s)
-            key = i
-            if accumulate and not inner_first and key in states:
-                states[key] = combine(states[key], part)
+                reduced = {op.dim}
             else:
-                states[key] = part
+                axes_s = sorted(self.names.index(d) for d in an.dims[op.s])
+                axes_v = sorted(self.names.index(d) for d in an.dims[op.v]) if op.v else []
+                part = SOFTMAX_MATMUL.partial(env[op.s], env[op.v] if op.v else None, axes_s, axes_v,
+                                              self.names.index(op.dim), self.ndim)
+                reduced = {op.dim}
+            # one accumulator per tile of the dims this reduction does not reduce over
+            key = (i, tuple(r for d, r in zip(self.names, tile) if d not in reduced))
+            states[key] = combine(states[key], part) if key in states else part
+            env[_STATE + op.out] = states[key]
             val = finish(states[key])
             if isinstance(op, Matmul) and op.acc:
                 val = val + env[op.acc]
             env[op.out] = val
-            live[op.out] = self.bytes_of(op.out, val, 4)
         elif isinstance(op, RingReduce):
             env[op.out] = env[op.value]   # combined by the caller when the dim is split
-        if op.outputs and op.outputs[0] not in live and op.outputs[0] in env:
-            live[op.outputs[0]] = self.bytes_of(op.outputs[0], env[op.outputs[0]])
-        self.account(live, extra, core, tile, i)
-        for n in op.inputs:
-            if an.last_use.get(n, -1) <= i and n in live:
-                del live[n]
+            if _STATE + op.value in env:
+                env[_STATE + op.out] = env[_STATE + op.value]
 
     # -- the schedule ------------------------------------------------------------------------
     def run(self) -> dict:
         p, an, s = self.p, self.an, self.s
-        red = an.reduced_dims
-        post = [bool(an.op_after[i] & red) for i in range(len(p.body))]
-        ring_dep = [bool(an.op_ring[i]) for i in range(len(p.body))]
+        # ops after the ring reduction over the split dim run on the ring's owner once it has the total
+        split_ring = [isinstance(op, RingReduce) and op.dim == s.ring_dim for op in p.body]
+        ring_dep = [s.ring_dim is not None and s.ring_dim in self.rules[i].ring for i in range(len(p.body))]
         for group in s.ring_groups():
             active = [c for c in group if not c.empty]
             if not active:
@@ -525,58 +555,50 @@ class _Checked:
                 for c, ct in zip(active, tiles):
                     outer, steps = ct[o]
                     env: dict = {}
-                    live: dict = {}
                     states: dict = {}
-                    looped = {self.names[k] for k in range(self.ndim) if self.names[k] in red
-                              and len({st[k] for st in steps}) > 1}
-                    for j, st in enumerate(steps):
-                        ar = _aranges(p, st)
-                        for i, op in enumerate(p.body):
-                            if post[i] or ring_dep[i]:
-                                continue
-                            self.run_op(i, op, env, ar, c, st, live, states, j == 0, True)
-                    last = steps[-1]
-                    ar = _aranges(p, last)
-                    for i, op in enumerate(p.body):
-                        if not post[i] or ring_dep[i] or isinstance(op, RingReduce):
-                            continue
-                        vd = set()
-                        for n in op.inputs + op.outputs:
-                            vd |= an.dims[n]
-                        if vd & looped:
+                    multi = s.multi_dims(c)
+                    looped = {self.names[k] for k in range(self.ndim) if self.names[k] in self.inner
+                              and len({st.ranges[k] for st in steps}) > 1}
+                    for r in self.rules:
+                        if r.wait & looped and (r.dims & looped):
                             raise ScheduleError(
-                                f"{self.where(c, last)}: op {i} ({op.kind}) needs the finished reduction and varies "
-                                f"along {sorted(vd & looped)}, which this schedule tiles into several steps: the "
-                                "reduction dim must be one tile (persistent)")
-                        self.run_op(i, op, env, ar, c, last, live, states, True, False)
-                    partials.append({i: env[op.value] for i, op in enumerate(p.body) if isinstance(op, RingReduce)})
-                    envs.append((c, env, live, last))
+                                f"{self.where(c, steps[-1].ranges)}: op {r.index} ({p.body[r.index].kind}) needs the "
+                                f"finished reduction over {sorted(r.wait)} and varies along {sorted(r.dims & looped)}, "
+                                "which this schedule tiles into several steps: the reduction dim must be one tile "
+                                "(persistent)")
+                    for st in steps:
+                        ar = _aranges(p, st.ranges)
+                        self.account(c, st.ranges, multi)
+                        for i, op in enumerate(p.body):
+                            if ring_dep[i] or split_ring[i]:
+                                continue
+                            if runs_at(self.rules[i], st, self.inner):
+                                self.run_op(i, op, env, ar, c, st.ranges, states)
+                    partials.append({i: env[_STATE + op.value] for i, op in enumerate(p.body) if split_ring[i]})
+                    envs.append((c, env, steps[-1]))
                 # ring: the partial of chunk j travels to chunk j-1; the owner ends with the total
-                owner, oenv, olive, olast = envs[0]
+                owner, oenv, olast = envs[0]
                 for i, op in enumerate(p.body):
-                    if not isinstance(op, RingReduce):
+                    if not split_ring[i]:
                         continue
-                    if s.ring_dim == op.dim and len(active) > 1:
-                        comb = REDUCE_IMPL[op.op].combine
-                        carry = partials[-1][i]
-                        for j in range(len(active) - 1, 0, -1):
-                            src, dst = active[j], active[j - 1]
-                            self.sends.append((src.core, dst.core, i, o, tuple(carry.shape)))
-                            mine = partials[j - 1][i]
-                            if tuple(mine.shape) != tuple(carry.shape):
-                                raise ScheduleError(f"program {p.name}: ring op {i}: core {dst.core} holds a partial "
-                                                    f"of shape {tuple(mine.shape)} but receives {tuple(carry.shape)} "
-                                                    f"from core {src.core}")
-                            self.recvs.append((src.core, dst.core, i, o, tuple(mine.shape)))
-                            carry = comb(mine, carry)
-                        oenv[op.out] = carry
-                    else:
-                        oenv[op.out] = oenv[op.value]
-                    olive[op.out] = self.bytes_of(op.out, oenv[op.out], 4)
-                ar = _aranges(p, olast)
+                    prod = an.producer[op.value]
+                    comb, finish = _reduction_state(prod)
+                    carry = partials[-1][i]
+                    for j in range(len(active) - 1, 0, -1):
+                        src, dst = active[j], active[j - 1]
+                        self.sends.append((src.core, dst.core, i, o, _shape(carry)))
+                        mine = partials[j - 1][i]
+                        if _shape(mine) != _shape(carry):
+                            raise ScheduleError(f"program {p.name}: ring op {i}: core {dst.core} holds a partial "
+                                                f"of shape {_shape(mine)} but receives {_shape(carry)} "
+                                                f"from core {src.core}")
+                        self.recvs.append((src.core, dst.core, i, o, _shape(mine)))
+                        carry = comb(mine, carry)
+                    oenv[op.out] = finish(carry)
+                ar = _aranges(p, olast.ranges)
                 for i, op in enumerate(p.body):
-                    if ring_dep[i] and not isinstance(op, RingReduce):
-                        self.run_op(i, op, oenv, ar, owner, olast, olive, {}, True, False)
+                    if ring_dep[i] and not split_ring[i]:
+                        self.run_op(i, op, oenv, ar, owner, olast.ranges, {})
         unmatched = set(self.sends) ^ set(self.recvs)
         if unmatched:
             raise ScheduleError(f"program {p.name}: unmatched ring transfers {sorted(unmatched)[:4]}")
@@ -602,6 +624,23 @@ class _Checked:
                                     "do not cover the iteration space")
         return {"peak_scratchpad_bytes": self.peak, "ring_transfers": len(self.sends),
                 "cores": sum(1 for c in s.cores if not c.empty)}
+
+
+_STATE = "#state:"     # env key prefix of a reduction's raw partial state (checked mode)
+
+
+def _reduction_state(op) -> tuple:
+    """(combine, finish) of a reduction's partial states, from the registry."""
+    if isinstance(op, Reduce):
+        impl = REDUCE_IMPL[op.op]
+        return impl.combine, impl.finish
+    if isinstance(op, SoftmaxMatmul):
+        return SOFTMAX_MATMUL.combine, (lambda st, op=op: SOFTMAX_MATMUL.finish(st, op))
+    return torch.add, (lambda st: st)
+
+
+def _shape(x) -> tuple:
+    return tuple(tuple(t.shape) for t in x) if isinstance(x, tuple) else tuple(x.shape)
 
 
 def run_checked(bd: Bound, hosts: Sequence[torch.Tensor], schedule: Schedule | None = None) -> dict:

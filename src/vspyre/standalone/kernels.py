@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..ir import ProgramBuilder
+from ..ir import library
 from ..ir.program import Program
 
 SOURCE = "standalone"
@@ -384,51 +385,8 @@ def embedding(weight: TSpec, idx: TSpec, out: TSpec) -> Program:
 
 
 # ------------------------------------------------------------------------------ attention
-@functools.lru_cache(maxsize=512)
 def attention(q: TSpec, k: TSpec, v: TSpec, out: TSpec, mask: TSpec | None, scale: float | None, causal: bool,
               name: str = "attention", kt: bool = False, safe: bool = False) -> Program:
-    """out[..., m, e] = softmax(scale * q.k + mask)[..., m, n] @ v[..., n, e] in ONE program.
-
-    Two systolic contractions (over the head dim ``r0``, then over the keys ``r1``) with the
-    softmax between them; the key dim stays whole in a tile (``persistent``). ``k`` is
-    ``[..., n, d]``, or ``[..., d, n]`` with ``kt`` (a transposed view, as ``bmm(q, k^T)`` has it).
-    A bool mask selects, a float mask adds; ``causal`` masks keys after the query.
-    """
-    b = ProgramBuilder(name, source=SOURCE)
-    odt, oshape, ostr = out
-    qb = b.input("q", q[0], q[1], q[2])
-    kb = b.input("k", k[0], k[1], k[2])
-    vb = b.input("v", v[0], v[1], v[2])
-    mb = b.input("mask", mask[0], mask[1], mask[2]) if mask is not None else None
-    ob = b.output("out", odt, oshape, ostr)
-    nb = len(oshape) - 2
-    M = oshape[-2]
-    D = q[1][-1]
-    N = v[1][-2]
-    dims = _pdims(b, oshape)
-    batch, m, e = dims[:nb], dims[nb], dims[nb + 1]
-    n = b.rdim("r1", N)
-    d = b.rdim("r0", D)
-
-    def bst(t):
-        return _bstrides((t[0], t[1][:-2], t[2][:-2]), oshape[:nb]) + [t[2][-2], t[2][-1]]
-    vq = b.load(qb, _index(bst(q), batch + [m, d]))
-    vk = b.load(kb, _index(bst(k), batch + ([d, n] if kt else [n, d])))
-    s = b.matmul(vq, vk, d)
-    if scale is not None and scale != 1.0:
-        s = b.mul(s, float(scale))
-    if mb is not None:
-        mv = b.load(mb, _index(_bstrides(mask, oshape[:nb] + (M, N)), batch + [m, n]))
-        s = b.where(mv, s, float("-inf")) if mask[0] == torch.bool else b.add(s, mv)
-    if causal:
-        s = b.where(b.le(b.index_value(n), b.index_value(m)), s, float("-inf"))
-    mx = b.reduce("max", s, n)
-    p = b.exp(b.sub(s, mx))
-    den = b.reduce("sum", p, n)
-    vv = b.load(vb, _index(bst(v), batch + [n, e]))
-    pv = b.matmul(p, vv, n)
-    y = b.truediv(pv, den)
-    if safe:
-        y = b.where(b.eq(mx, float("-inf")), 0.0, y)
-    b.store(ob, _index(list(ostr), dims), y)
-    return b.build()
+    """The card's flash-attention program (``vspyre.ir.library.attention``, shared with the
+    Inductor path): scores, online softmax and the product with ``v`` in one program."""
+    return library.attention(q, k, v, out, mask, scale, causal, kt, safe, name, SOURCE)

@@ -580,7 +580,11 @@ def _cat(node):
 # ------------------------------------------------------------------------------ attention (ATen's own op)
 def attention_run(ctx, q, k, v, odt, scale, mask=None, causal=False, name="attention", kt=False, safe=False):
     """out[..., m, e] = softmax(scale * q k^T + mask)[..., m, n] @ v[..., n, e]: ONE program."""
-    shape = tuple(torch.broadcast_shapes(q.shape[:-2], v.shape[:-2])) + (q.shape[-2], v.shape[-1])
+    try:
+        batch = tuple(torch.broadcast_shapes(q.shape[:-2], v.shape[:-2]))
+    except RuntimeError:                 # grouped-query attention: fewer kv heads than query heads
+        batch = tuple(q.shape[:-2])
+    shape = batch + (q.shape[-2], v.shape[-1])
     out = ctx.alloc(shape, odt)
     key = ("attn", spec(q), spec(k), spec(v), spec(mask) if mask is not None else None, scale, causal, odt, kt,
            safe, name)
@@ -600,6 +604,32 @@ def _sdpa_cpu(node):
         s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         out = attention_run(ctx, q, k, v, odt, s, attn_mask, is_causal)
         return out, None
+    return run
+
+
+def attention_lse_run(ctx, q, k, scale, mask=None, causal=False):
+    """The log-sum-exp of the scores over the keys ([..., M], fp32): attention's saved statistic."""
+    out = ctx.alloc(tuple(q.shape[:-1]), torch.float32)
+    key = ("attn_lse", spec(q), spec(k), spec(mask) if mask is not None else None, scale, causal)
+    prog = ctx.memo(key, lambda: K.library.attention(spec(q), spec(k), None, spec(out),
+                                                     spec(mask) if mask is not None else None, scale, causal,
+                                                     name="attention_lse", source=K.SOURCE))
+    ctx.launch(prog, q, k, *([mask] if mask is not None else []), out)
+    return out
+
+
+@register([aten._scaled_dot_product_fused_attention_overrideable.default], "kernel",
+          "flash attention in one program (vspyre.ir.library.attention); the log-sum-exp only if used")
+def _sdpa_overrideable(node):
+    odt = _meta_dtype(node, 0)
+    need_lse = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
+
+    def run(ctx, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+        if dropout_p:
+            raise NotImplementedError(f"spyre_standalone: attention with dropout_p={dropout_p} has no card kernel")
+        out = attention_run(ctx, q, k, v, odt, scale, attn_bias, is_causal)
+        lse = attention_lse_run(ctx, q, k, scale, attn_bias, is_causal) if need_lse else None
+        return out, lse, None, None, q.shape[2], k.shape[2], None, None, None
     return run
 
 

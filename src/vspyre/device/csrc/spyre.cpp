@@ -13,7 +13,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -541,6 +543,41 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return host_view(self).item();
 }
 
+// -- attention: scaled_dot_product_attention picks its backend through this stub per device type.
+// The card runs attention as one flash program, reached through the op PyTorch keeps for
+// out-of-tree backends (_scaled_dot_product_fused_attention_overrideable): compiled graphs keep it
+// as one node (the Inductor extension and the standalone compiler lower it to the card's flash
+// program), eager calls run it as one op. Dropout and non-4-D inputs take the math path.
+std::atomic<bool> g_fused_attention{true};
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  auto ok_dtype = [](const at::Tensor& t) {
+    auto d = t.scalar_type();
+    return d == at::kHalf || d == at::kBFloat16 || d == at::kFloat;
+  };
+  if (!g_fused_attention.load() || dropout_p > 0.0 || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 ||
+      q.is_nested() || !ok_dtype(q) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) {
+    return static_cast<int64_t>(at::SDPBackend::math);
+  }
+  // sym_size: under torch.compile the sizes may be symbolic; size() would specialise all of them
+  // (the KV length of a decode step with it), sym_size guards only on the head counts it reads.
+  const c10::SymInt hq = q.sym_size(1), hk = k.sym_size(1), hv = v.sym_size(1);
+  if (hk != hv || (hk != hq && (hk == 0 || hq % hk != 0))) {
+    return static_cast<int64_t>(at::SDPBackend::math);
+  }
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+
+}  // namespace vspyre
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &vspyre::fused_sdp_choice)
+}  // namespace at::native
+
+namespace vspyre {
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
@@ -595,6 +632,8 @@ PYBIND11_MODULE(_C, m) {
     vspyre::g_num_cards = n;
   });
   m.def("_num_cards", [] { return vspyre::g_num_cards.load(); });
+  m.def("_set_fused_attention", [](bool on) { return vspyre::g_fused_attention.exchange(on); },
+        "whether scaled_dot_product_attention on the card takes the fused (flash) path; returns the old value");
   m.def("_set_capacity", [](int dev, int64_t bytes) { vspyre::g_allocator.set_capacity(dev, bytes); });
   m.def("_memory_stats", [](int dev) { return vspyre::stats_dict(dev); });
   m.def("_reset_peak", [](int dev) { vspyre::g_allocator.reset_peak(dev); });
