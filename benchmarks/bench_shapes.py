@@ -1,0 +1,381 @@
+"""Real sizes, both compilers: estimated device time against the roofline, shape by shape.
+
+    .venv/bin/python benchmarks/bench_shapes.py [--groups llama,granite,bert,vit,resnet]
+                                                [--functional sampled|all|none] [--json out.json]
+
+Shapes come from the public configs of Llama-3-8B (hidden 4096, intermediate 14336, 32 heads, 8
+KV heads, head dim 128), Granite-3-8B (hidden 4096, intermediate 12800, 32 heads, 8 KV heads),
+BERT-large (hidden 1024, 16 heads, seq 512), ViT-B/16 (768, 12 heads, 197 tokens) and ResNet-50's
+distinct convolutions at 224x224 (batch 1). For the LLMs: every linear of a layer, attention and
+RMSNorm, prefill at seq 128, 512 and 2048, decode at batch 1, 8 and 32 against a KV cache of 2048.
+
+Per shape and compiler (the Inductor path and the standalone compiler), on the card in fp16:
+
+* **est. us**: the latency model's estimate of one steady-state call (``torch.spyre.profile`` of
+  the second call; a weight's one-time re-layout is reported apart, under *one-time us*; the keys
+  and values of attention change between the calls, as in a model, so their re-layout counts);
+* **roofline us**: max(FLOPs / peak, compulsory bytes / bandwidth); **eff** = roofline / est.;
+* **DMA / compulsory**: bytes the plan moves over bytes the op must move;
+* **wall / CPU**: functional wall time of the compiled call over the same torch ops on the CPU.
+
+Estimates do not need the values, so the estimate pass runs the compiled functions with kernel
+execution switched off (``_NoExecute``: the runtime plans, costs and reports every launch as
+usual; it only skips computing the numbers). The functional pass executes for real, on every shape
+(``--functional all``) or on a sample (default: the smallest and largest shape of each kind per
+group, which keeps the run within 15 minutes on 2 cores), and checks the result against the CPU.
+
+The summary line gives the geomeans the goals of the "real sizes" issue are checked against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+import vspyre  # noqa: F401  (the spyre device)
+
+H16 = torch.float16
+BACKENDS = ("inductor", "spyre_standalone")
+
+
+# ------------------------------------------------------------------------------------ the shapes
+@dataclass
+class Case:
+    group: str
+    name: str
+    kind: str                      # gemm | decode_gemm | attention | decode_attention | norm | conv
+    make: Callable[[], tuple[Callable, list[torch.Tensor]]] = field(repr=False)
+    dynamic: bool = True           # compile once per kind (sizes are planned per call anyway)
+
+
+def _linear(m: int, k: int, n: int) -> Callable:
+    def make():
+        x, w = torch.randn(m, k, dtype=H16) * 0.1, torch.randn(n, k, dtype=H16) * 0.05
+        return (lambda x, w: F.linear(x, w)), [x, w]
+    return make
+
+
+def _rms(m: int, d: int) -> Callable:
+    def make():
+        x, w = torch.randn(m, d, dtype=H16), torch.rand(d, dtype=H16) + 0.5
+
+        def f(x, w):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
+        return f, [x, w]
+    return make
+
+
+def _ln(m: int, d: int) -> Callable:
+    def make():
+        x, w, b = torch.randn(m, d, dtype=H16), torch.rand(d, dtype=H16) + 0.5, torch.randn(d, dtype=H16) * 0.1
+        return (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b)), [x, w, b]
+    return make
+
+
+def _attn(b: int, h: int, hkv: int, sq: int, skv: int, d: int, causal: bool) -> Callable:
+    def make():
+        q = torch.randn(b, h, sq, d, dtype=H16)
+        k, v = torch.randn(b, hkv, skv, d, dtype=H16), torch.randn(b, hkv, skv, d, dtype=H16)
+        gqa = hkv != h
+        if sq == skv or not causal:
+            return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)), [q, k, v]
+        # decode: the queries are the last sq positions of the cache (a bool mask, as models pass it)
+        mask = torch.ones(sq, skv, dtype=torch.bool).tril(skv - sq)
+        return (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=gqa)), [q, k, v, mask]
+    return make
+
+
+def _conv(c: int, hw: int, oc: int, k: int, stride: int, groups: int = 1) -> Callable:
+    def make():
+        x = torch.randn(1, c, hw, hw, dtype=H16)
+        w = torch.randn(oc, c // groups, k, k, dtype=H16) * (1.0 / math.sqrt(c // groups * k * k))
+        return (lambda x, w: F.conv2d(x, w, None, stride, k // 2, 1, groups)), [x, w]
+    return make
+
+
+def llm_cases(group: str, hidden: int, inter: int, heads: int, kv: int, hd: int) -> list[Case]:
+    out = []
+    lin = [("q_proj", hidden, heads * hd), ("k_proj", hidden, kv * hd), ("v_proj", hidden, kv * hd),
+           ("o_proj", heads * hd, hidden), ("gate_proj", hidden, inter), ("up_proj", hidden, inter),
+           ("down_proj", inter, hidden)]
+    for seq in (128, 512, 2048):
+        for name, k, n in lin:
+            out.append(Case(group, f"{name} prefill {seq}", "gemm", _linear(seq, k, n)))
+        out.append(Case(group, f"attention prefill {seq}", "attention", _attn(1, heads, kv, seq, seq, hd, True)))
+        out.append(Case(group, f"rmsnorm prefill {seq}", "norm", _rms(seq, hidden)))
+    for batch in (1, 8, 32):
+        for name, k, n in lin:
+            out.append(Case(group, f"{name} decode b{batch}", "decode_gemm", _linear(batch, k, n)))
+        out.append(Case(group, f"attention decode b{batch} kv2048", "decode_attention",
+                        _attn(batch, heads, kv, 1, 2048, hd, True)))
+    return out
+
+
+def all_cases() -> dict[str, list[Case]]:
+    g = {
+        "llama": llm_cases("llama", 4096, 14336, 32, 8, 128),
+        "granite": llm_cases("granite", 4096, 12800, 32, 8, 128),
+        "bert": [Case("bert", "qkv/o 512x1024x1024", "gemm", _linear(512, 1024, 1024)),
+                 Case("bert", "ffn up 512x1024x4096", "gemm", _linear(512, 1024, 4096)),
+                 Case("bert", "ffn down 512x4096x1024", "gemm", _linear(512, 4096, 1024)),
+                 Case("bert", "attention 16x512x64", "attention", _attn(1, 16, 16, 512, 512, 64, False)),
+                 Case("bert", "layernorm 512x1024", "norm", _ln(512, 1024))],
+        "vit": [Case("vit", "qkv/o 197x768x768", "gemm", _linear(197, 768, 768)),
+                Case("vit", "mlp up 197x768x3072", "gemm", _linear(197, 768, 3072)),
+                Case("vit", "mlp down 197x3072x768", "gemm", _linear(197, 3072, 768)),
+                Case("vit", "attention 12x197x64", "attention", _attn(1, 12, 12, 197, 197, 64, False)),
+                Case("vit", "layernorm 197x768", "norm", _ln(197, 768))],
+        "resnet": [Case("resnet", n, "conv", mk, dynamic=False) for n, mk in [
+            ("conv1 7x7/2 3->64 @224", _conv(3, 224, 64, 7, 2)),
+            ("1x1 64->64 @56", _conv(64, 56, 64, 1, 1)),
+            ("3x3 64->64 @56", _conv(64, 56, 64, 3, 1)),
+            ("1x1 64->256 @56", _conv(64, 56, 256, 1, 1)),
+            ("1x1 256->64 @56", _conv(256, 56, 64, 1, 1)),
+            ("1x1 256->128 @56", _conv(256, 56, 128, 1, 1)),
+            ("3x3/2 128->128 @56", _conv(128, 56, 128, 3, 2)),
+            ("1x1 128->512 @28", _conv(128, 28, 512, 1, 1)),
+            ("1x1/2 256->512 @56", _conv(256, 56, 512, 1, 2)),
+            ("1x1 512->128 @28", _conv(512, 28, 128, 1, 1)),
+            ("3x3 128->128 @28", _conv(128, 28, 128, 3, 1)),
+            ("1x1 512->256 @28", _conv(512, 28, 256, 1, 1)),
+            ("3x3/2 256->256 @28", _conv(256, 28, 256, 3, 2)),
+            ("1x1 256->1024 @14", _conv(256, 14, 1024, 1, 1)),
+            ("1x1/2 512->1024 @28", _conv(512, 28, 1024, 1, 2)),
+            ("1x1 1024->256 @14", _conv(1024, 14, 256, 1, 1)),
+            ("3x3 256->256 @14", _conv(256, 14, 256, 3, 1)),
+            ("1x1 1024->512 @14", _conv(1024, 14, 512, 1, 1)),
+            ("3x3/2 512->512 @14", _conv(512, 14, 512, 3, 2)),
+            ("1x1 512->2048 @7", _conv(512, 7, 2048, 1, 1)),
+            ("1x1/2 1024->2048 @14", _conv(1024, 14, 2048, 1, 2)),
+            ("1x1 2048->512 @7", _conv(2048, 7, 512, 1, 1)),
+            ("3x3 512->512 @7", _conv(512, 7, 512, 3, 1)),
+        ]],
+    }
+    return g
+
+
+# ------------------------------------------------------------------------------------ measuring
+@contextlib.contextmanager
+def _no_execute():
+    """Plan, cost and report every launch, but skip computing values (estimates only)."""
+    from vspyre import runtime
+
+    saved = runtime.run_fast
+    runtime.run_fast = lambda bd, hosts: None
+    try:
+        yield
+    finally:
+        runtime.run_fast = saved
+
+
+_compiled: dict = {}
+
+
+def _compiled_fn(case: Case, fn: Callable, backend: str) -> Callable:
+    if not case.dynamic:
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=backend, dynamic=False) if backend != "inductor" else torch.compile(fn, dynamic=False)
+    key = (case.group, case.kind, case.name.split()[0], backend)
+    c = _compiled.get(key)
+    if c is None:
+        c = torch.compile(fn, backend=backend, dynamic=True) if backend != "inductor" else torch.compile(fn, dynamic=True)
+        _compiled[key] = c
+    return c
+
+
+@dataclass
+class Row:
+    group: str
+    name: str
+    kind: str
+    backend: str
+    est_us: float = 0.0
+    roofline_us: float = 0.0
+    once_us: float = 0.0
+    dma_bytes: int = 0
+    compulsory_bytes: int = 0
+    kernels: int = 0
+    fallbacks: int = 0
+    wall_ms: float | None = None
+    cpu_ms: float | None = None
+    max_err: float | None = None
+    schedule: str = ""
+    error: str = ""
+
+    @property
+    def eff(self) -> float:
+        return self.roofline_us / self.est_us if self.est_us else 0.0
+
+
+def estimate(case: Case, backend: str) -> Row:
+    row = Row(case.group, case.name, case.kind, backend)
+    try:
+        fn, args = case.make()
+        dargs = [a.to("spyre") for a in args]
+        c = _compiled_fn(case, fn, backend)
+        torch.spyre.reset_fallback_stats()
+        with torch.no_grad(), _no_execute():
+            with torch.spyre.profile() as first:
+                c(*dargs)
+            if case.kind in ("attention", "decode_attention"):
+                for t in dargs[1:3]:      # keys and values are activations: new every call in a model
+                    t.add_(0)             # (version bump: the card re-lays them again, as it would)
+            with torch.spyre.profile() as prof:
+                c(*dargs)
+        ks = [k for k in prof.kernels if k.extra.get("kind") != "relayout"]
+        row.est_us = sum(k.est_us for k in ks)
+        row.roofline_us = sum(k.roofline_us for k in ks)
+        row.dma_bytes = sum(k.bytes_moved for k in ks)
+        row.compulsory_bytes = sum(k.extra.get("compulsory_bytes", 0) for k in ks)
+        row.kernels = len(ks)
+        row.once_us = sum(k.est_us for k in first.kernels if k.extra.get("kind") == "relayout")
+        row.fallbacks = sum(torch.spyre.fallback_stats().values())
+        big = max(ks, key=lambda k: k.est_us) if ks else None
+        row.schedule = big.extra.get("schedule", "") if big else ""
+    except Exception as e:  # noqa: BLE001 - a failing shape is a row
+        row.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        traceback.print_exc(file=sys.stderr)
+    return row
+
+
+def _median_ms(f: Callable, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def functional(case: Case, backend: str, row: Row, reps: int) -> None:
+    try:
+        fn, args = case.make()
+        dargs = [a.to("spyre") for a in args]
+        c = _compiled_fn(case, fn, backend)
+        with torch.no_grad():
+            out = c(*dargs)                                  # warm (plans, re-lays weights once)
+            row.wall_ms = _median_ms(lambda: c(*dargs), reps)
+            ref = fn(*args)
+            row.cpu_ms = _median_ms(lambda: fn(*args), reps)
+        row.max_err = float((out.cpu().float() - ref.float()).abs().max())
+    except Exception as e:  # noqa: BLE001
+        row.error = (row.error + " | " if row.error else "") + f"functional: {type(e).__name__}: {e}"[:200]
+
+
+def _sampled(cases: list[Case]) -> set[str]:
+    """The smallest and the largest shape of each kind in each group (by FLOPs of the inputs)."""
+    pick: set[str] = set()
+    by: dict[tuple, list[Case]] = {}
+    for c in cases:
+        by.setdefault((c.group, c.kind), []).append(c)
+    for lst in by.values():
+        sizes = []
+        for c in lst:
+            _, args = c.make()
+            sizes.append((sum(a.numel() for a in args), c.name))
+        sizes.sort()
+        pick.add(sizes[0][1])
+        pick.add(sizes[-1][1])
+    return pick
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", default="llama,granite,bert,vit,resnet")
+    ap.add_argument("--functional", default="sampled", choices=("sampled", "all", "none"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    args = ap.parse_args()
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    groups = all_cases()
+    cases = [c for g in args.groups.split(",") for c in groups[g.strip()]]
+    backends = [b.strip() for b in args.backends.split(",")]
+    sample = set() if args.functional == "none" else (
+        {c.name for c in cases} if args.functional == "all" else _sampled(cases))
+    rows: list[Row] = []
+    t_start = time.time()
+    with Progress(transient=True) as prog:
+        task = prog.add_task("shapes", total=len(cases) * len(backends))
+        for case in cases:
+            for be in backends:
+                prog.update(task, description=f"{case.group}: {case.name} [{be}]")
+                row = estimate(case, be)
+                if case.name in sample and not row.error:
+                    functional(case, be, row, args.reps)
+                rows.append(row)
+                prog.advance(task)
+    elapsed = time.time() - t_start
+    con = Console(width=200)
+    t = Table(title=f"real shapes on the card (fp16), {len(cases)} shapes x {len(backends)} compilers, "
+                    f"{elapsed / 60:.1f} min")
+    for col in ("group", "shape", "compiler", "est. us", "roofline us", "eff", "one-time us", "DMA/compulsory",
+                "kernels", "fallbacks", "wall/CPU", "max err", "schedule of the largest kernel / error"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        short = "inductor" if r.backend == "inductor" else "standalone"
+        ratio = f"{r.dma_bytes / r.compulsory_bytes:.2f}" if r.compulsory_bytes else "-"
+        wall = f"{r.wall_ms / r.cpu_ms:.2f}" if r.wall_ms and r.cpu_ms else "-"
+        t.add_row(r.group, r.name, short, f"{r.est_us:.1f}", f"{r.roofline_us:.1f}", f"{r.eff:.2f}",
+                  f"{r.once_us:.0f}" if r.once_us else "", ratio, str(r.kernels), str(r.fallbacks), wall,
+                  f"{r.max_err:.3g}" if r.max_err is not None else "", r.error or r.schedule)
+    con.print(t)
+
+    ok = [r for r in rows if not r.error]
+
+    def g(kind: str, be: str | None = None, groups_: tuple = ()) -> float:
+        return geomean([r.eff for r in ok if r.kind == kind and (be is None or r.backend == be)
+                        and (not groups_ or r.group in groups_)])
+
+    lines = []
+    for be in backends:
+        lines.append(f"{be}: GEMM prefill eff geomean {g('gemm', be):.2f} (min "
+                     f"{min([r.eff for r in ok if r.kind == 'gemm' and r.backend == be] or [0]):.2f}); "
+                     f"decode GEMM {g('decode_gemm', be):.2f}; attention "
+                     f"{geomean([r.eff for r in ok if r.kind == 'attention' and r.backend == be and '2048' in r.name]):.2f}"
+                     f" at seq 2048; decode attention {g('decode_attention', be):.2f}; conv {g('conv', be):.2f}; "
+                     f"norms {g('norm', be):.2f}")
+    pairs = {}
+    for r in ok:
+        if r.kind in ("gemm", "decode_gemm", "conv"):
+            pairs.setdefault((r.group, r.name), {})[r.backend] = r.est_us
+    worse = [(k, v["inductor"] / v["spyre_standalone"]) for k, v in pairs.items()
+             if "inductor" in v and "spyre_standalone" in v and v["inductor"] > v["spyre_standalone"] * 1.0001]
+    lines.append(f"inductor vs standalone on GEMMs/convs (est. time): geomean "
+                 f"{geomean([v['inductor'] / v['spyre_standalone'] for v in pairs.values() if len(v) == 2]):.3f}, "
+                 f"worse on {len(worse)} of {len(pairs)}" + (f": {worse[:4]}" if worse else ""))
+    walls = [r.wall_ms / r.cpu_ms for r in ok if r.wall_ms and r.cpu_ms]
+    lines.append(f"functional wall / CPU: geomean {geomean(walls):.2f}, max {max(walls) if walls else float('nan'):.2f} "
+                 f"over {len(walls)} sampled runs ({args.functional})")
+    lines.append(f"failed: {len(rows) - len(ok)} of {len(rows)}")
+    for ln in lines:
+        con.print(ln)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": [asdict(r) | {"eff": r.eff} for r in rows], "summary": lines,
+                       "minutes": elapsed / 60, "torch": torch.__version__}, fh, indent=1)
+    return 0 if len(ok) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
