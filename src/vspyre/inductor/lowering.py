@@ -8,7 +8,7 @@ module enables it for ``spyre`` tensors, and the card's kernel turns the pair in
 
 For ``spyre`` tensors only (every other device keeps Inductor's own lowering) it also registers:
 
-* ``aten.convolution`` (2-D, not transposed, any ``groups``) as an *implicit GEMM* in the same
+* ``aten.convolution`` (1-D and 2-D, not transposed, any ``groups``) as an *implicit GEMM* in the same
   native-matmul form: a ``reduction("dot")`` with ranges ``[N*G, OC/G, OH*OW]`` (the kernel's
   ``z``, ``y``, ``x``) over one reduction range ``r = (ic, kh, kw)`` of size ``C/G*KH*KW``. Operand
   ``a`` is the input patch ``x[n, g*C/G + ic, oh*s-p+kh*d, ow*s-p+kw*d]`` (masked to 0 in the
@@ -59,7 +59,7 @@ def _static_ints(values: Any) -> list[int] | None:
 # -- convolution ---------------------------------------------------------------------------------
 def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
                   transposed: bool, output_padding: Any, groups: int) -> Any | None:
-    """conv2d as a native matmul, or None (the caller then uses Inductor's own lowering)."""
+    """conv1d/conv2d as a native matmul, or None (the caller then uses Inductor's own lowering)."""
     from torch._inductor import ir
     from torch._inductor.lowering import lowerings as L, range_mask
     from torch._inductor.virtualized import ops
@@ -70,14 +70,20 @@ def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dil
         return None
     if x.get_dtype() not in _CONV_DTYPES or weight.get_dtype() != x.get_dtype():
         return None
-    if len(x.get_size()) != 4 or len(weight.get_size()) != 4:
-        return None  # conv1d/conv3d and unbatched inputs: upstream
+    nd = len(x.get_size()) - 2
+    if nd not in (1, 2) or len(weight.get_size()) != nd + 2:
+        return None  # conv3d and unbatched inputs: upstream
     sizes = _static_ints(list(x.get_size()) + list(weight.get_size()))
     params = _static_ints(list(stride) + list(padding) + list(dilation) + [groups])
-    if sizes is None or params is None or len(params) != 7:
+    if sizes is None or params is None or len(params) != 3 * nd + 1:
         return None
-    n, c, h, w, oc, cg, kh, kw = sizes
-    sh, sw, ph, pw, dh, dw, g = params
+    if nd == 1:     # a conv1d is a conv2d with one row: h = kh = 1
+        n, c, w, oc, cg, kw = sizes
+        h, kh = 1, 1
+        (sw, pw, dw, g), (sh, ph, dh) = params, (1, 0, 1)
+    else:
+        n, c, h, w, oc, cg, kh, kw = sizes
+        sh, sw, ph, pw, dh, dw, g = params
     if g < 1 or c != cg * g or oc % g:
         return None
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -103,7 +109,7 @@ def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dil
         cin = grp * cg + ic
 
         def patch() -> Any:
-            return x_load([bn, cin, hi, wi])
+            return x_load([bn, cin, wi] if nd == 1 else [bn, cin, hi, wi])
 
         if ph or pw:
             masks = []
@@ -114,15 +120,15 @@ def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dil
             a = ops.masked(functools.reduce(ops.and_, masks), patch, 0.0)
         else:
             a = patch()
-        b = w_load([grp * ocg + yo, ic, ki, kj])
+        b = w_load([grp * ocg + yo, ic, kj] if nd == 1 else [grp * ocg + yo, ic, ki, kj])
         return ops.dot(a, b)
 
     out = ir.Reduction.create(device=x.get_device(), dst_dtype=dtype, src_dtype=dtype, inner_fn=inner_fn,
                               ranges=[n * g, ocg, oh * ow], reduction_ranges=[rk], reduction_type="dot")
     out.realize()
-    out = L[aten.view.default](out, [n, oc, oh, ow])
+    out = L[aten.view.default](out, [n, oc, ow] if nd == 1 else [n, oc, oh, ow])
     if bias is not None:
-        out = L[aten.add.Tensor](out, L[aten.view.default](bias, [oc, 1, 1]))
+        out = L[aten.add.Tensor](out, L[aten.view.default](bias, [oc, 1] if nd == 1 else [oc, 1, 1]))
     return out
 
 

@@ -6,7 +6,9 @@ softmax and the product with ``v`` in one kernel; the scores never reach device 
 walked in tiles, or split over cores and finished over the ring when the queries are few). The
 Inductor extension (a lowering of ``_scaled_dot_product_fused_attention_overrideable``) and the
 standalone compiler (its SDPA ops and its attention fusion) both call :func:`attention`, so the
-program, its plan and its cost are the same on both paths.
+program, its plan and its cost are the same on both paths. :func:`conv` is the implicit-GEMM
+convolution the standalone compiler launches (the Inductor extension builds the same form in
+Inductor's IR, where it fuses with what follows).
 
 A tensor is described by a *spec* ``(dtype, shape, strides)``.
 """
@@ -21,7 +23,7 @@ import torch
 from .builder import ProgramBuilder
 from .program import Program
 
-__all__ = ["Spec", "attention", "spec_of"]
+__all__ = ["Spec", "attention", "conv", "spec_of"]
 
 Spec = tuple  # (torch.dtype, shape tuple, strides tuple)
 
@@ -134,4 +136,78 @@ def attention(q: Spec, k: Spec, v: Spec | None, out: Spec, mask: Spec | None = N
     y = b.softmax_matmul(s, vv, n, zero_empty=safe)
     oidx = sum((st * bt.full(i) for i, st in enumerate(ostr[:nb])), 0) + ostr[nb] * m + (ostr[-1] * e if not lse else 0)
     b.store(ob, oidx, y)
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def conv(x: Spec, w: Spec, bias: Spec | None, out: Spec, stride: tuple[int, ...], padding: tuple[int, ...],
+         dilation: tuple[int, ...], groups: int = 1, name: str = "conv", source: str = "library") -> Program:
+    """A 1-D or 2-D convolution (NCL / NCHW, not transposed) as an implicit GEMM on the systolic
+    array: ``z`` = batch x groups (a batch dim of the matmul), ``y`` = output channels of a group
+    (N), ``x`` = output positions (M), ``r0`` = input channels of a group x kernel window (K). The
+    input patch is read through the window's index (masked to 0 in the padding; the sticks it
+    touches are counted, not a stick per element); the bias is the matmul's epilogue. The Inductor
+    extension lowers ``aten.convolution`` to the same form in Inductor's IR (so it fuses what
+    follows); the standalone compiler launches this program."""
+    from .indexing import FloorDiv, ModularIndexing
+
+    nd = len(x[1]) - 2
+    if nd not in (1, 2) or len(w[1]) != nd + 2:
+        raise ValueError(f"conv: {nd}-D input {x[1]} / weight {w[1]}: only 1-D and 2-D convolutions")
+    (N, C, *sp), (OC, CG, *ks) = x[1], w[1]
+    H, W = (1, sp[0]) if nd == 1 else sp
+    KH, KW = (1, ks[0]) if nd == 1 else ks
+    sh, sw = (1, stride[0]) if nd == 1 else stride
+    ph, pw = (0, padding[0]) if nd == 1 else padding
+    dh, dw = (1, dilation[0]) if nd == 1 else dilation
+    G = groups
+    if C != CG * G or OC % G:
+        raise ValueError(f"conv: {C} input channels, weight {w[1]} and groups={G} do not agree")
+    OH = (H + 2 * ph - dh * (KH - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (KW - 1) - 1) // sw + 1
+    OCg = OC // G
+    want = (N, OC, OW) if nd == 1 else (N, OC, OH, OW)
+    if tuple(out[1]) != want:
+        raise ValueError(f"conv: output {out[1]} but input {x[1]} and weight {w[1]} give {want}")
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", x[0], x[1], x[2])
+    wb = b.input("w", w[0], w[1], w[2])
+    bb = b.input("bias", bias[0], bias[1], bias[2]) if bias is not None else None
+    ob = b.output("out", out[0], out[1], out[2])
+    z, yo, xo, r = b.dim("x0", N * G), b.dim("x1", OCg), b.dim("x2", OH * OW), b.rdim("r0", CG * KH * KW)
+    grp = ModularIndexing(z, 1, G) if G > 1 else 0
+    bn = FloorDiv(z, G) if G > 1 else z
+    ic = FloorDiv(r, KH * KW) if KH * KW > 1 else r
+    ki = ModularIndexing(r, KW, KH) if KH > 1 else 0
+    kj = ModularIndexing(r, 1, KW) if KW > 1 else 0
+    oh = FloorDiv(xo, OW) if OH > 1 else 0
+    ow = ModularIndexing(xo, 1, OW) if OH > 1 else xo
+    hi = oh * sh - ph + ki * dh
+    wi = ow * sw - pw + kj * dw
+    xs = x[2]
+    sp_idx = wi * xs[2] if nd == 1 else hi * xs[2] + wi * xs[3]
+    idx = bn * xs[0] + (grp * CG + ic) * xs[1] + sp_idx
+    mask = None
+    if ph or pw:
+        conds = []
+        for e, n, pad in ((hi, H, ph), (wi, W, pw)):
+            if pad:
+                v = b.index_value(e)
+                conds.append(b.logical_and(b.ge(v, 0), b.lt(v, n)))
+        mask = conds[0] if len(conds) == 1 else b.logical_and(*conds)
+    a = b.load(xb, idx, mask=mask, other=0.0) if mask is not None else b.load(xb, idx)
+    ws = w[2]
+    wk = kj * ws[2] if nd == 1 else ki * ws[2] + kj * ws[3]
+    oc = grp * OCg + yo
+    acc = b.matmul(a, b.load(wb, oc * ws[0] + ic * ws[1] + wk), r)
+    if bb is not None:
+        acc = b.add(acc, b.load(bb, oc * bias[2][0]))
+    os_ = out[2]
+    if nd == 1:
+        opos = xo * os_[2]
+    elif os_[2] == OW * os_[3]:
+        opos = xo * os_[3]                    # (oh, ow) walk the output contiguously
+    else:
+        opos = oh * os_[2] + ow * os_[3]
+    b.store(ob, bn * os_[0] + oc * os_[1] + opos, b.to(acc, out[0]))
     return b.build()

@@ -45,6 +45,7 @@ __all__ = ["resolve", "legal_divisions", "pick_division", "size_tiles", "Schedul
 MAX_LADDER = 6          # extents per dim in the tile ladder (the largest ones, plus the smallest)
 MAX_DIVISIONS = 10      # divisions searched in full (lowest bounds first)
 GAP = 0.98              # a division whose bound is within 2% of the best estimate cannot win enough to search
+MIN_GAIN_US = 0.25      # ... nor one that could win less than this (tiny, launch-bound kernels)
 
 plan_stats = {"plans": 0, "candidates": 0}
 
@@ -261,8 +262,10 @@ def _best_for_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig
     need = None
     searched = 0
     for bound, w in divs:
-        if best is not None and (bound >= best[0][0] * 1e6 / cfg.clock_hz * GAP or searched >= MAX_DIVISIONS):
-            break
+        if best is not None:
+            best_us = best[0][0] * 1e6 / cfg.clock_hz
+            if bound >= min(best_us * GAP, best_us - MIN_GAIN_US) or searched >= MAX_DIVISIONS:
+                break
         searched += 1
         try:
             check_division(p, w, cfg)
@@ -274,13 +277,22 @@ def _best_for_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig
         tried_any = False
         whole = {d: max(1, core_ext[d]) for d in p.dim_names}
         if not fixed_tiles and live_bytes(p, whole, False, cfg, frozenset()) <= cfg.scratchpad_usable_bytes:
-            # everything fits in one step: nothing to tile, order or pipeline
-            s = build_schedule(p, sizes, cfg, w, whole, False, access, relayout, order)
-            plan_stats["candidates"] += 1
-            e = estimate_schedule(s, segments=False)
-            key = (e.cycles, w.num_cores, 1)
-            if best is None or key < best[0]:
-                best = (key, s)
+            # everything fits in one step: that, or a few steps along one dim, double-buffered, so
+            # that loading the next piece overlaps computing this one
+            cands = [(whole, db_opts[-1])]
+            if True in db_opts:
+                cands += [(dict(whole, **{d: -(-whole[d] // k)}), True) for d in p.dim_names for k in (2, 4)
+                          if d not in persistent_dims(p) and whole[d] >= 2 * k]
+            for t, db in cands:
+                multi = frozenset(d for d in p.dim_names if core_ext[d] > t[d])
+                if db and live_bytes(p, t, True, cfg, multi, order) > cfg.scratchpad_usable_bytes:
+                    continue
+                s = build_schedule(p, sizes, cfg, w, t, db, access, relayout, order)
+                plan_stats["candidates"] += 1
+                e = estimate_schedule(s, segments=False)
+                key = (e.cycles, w.num_cores, math.prod(-(-whole[d] // t[d]) for d in p.dim_names))
+                if best is None or key < best[0]:
+                    best = (key, s)
             continue
         for below in (False, True):
             for db in db_opts:

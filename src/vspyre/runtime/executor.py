@@ -191,14 +191,51 @@ def _fail(p: Program, i: int, op: Any, e: Exception, where: str = "") -> Runtime
                         f"{where}: {type(e).__name__}: {e}")
 
 
-def _compile_fast(bd: Bound) -> list[Callable]:
+FAST_BYTES = 1 << 30   # host bytes fast mode lets a launch's values take before it runs it in chunks
+
+
+def _chunks(bd: Bound) -> list[list[tuple[int, int]]]:
+    """The boxes fast mode runs: the whole iteration space, or pieces along the parallel dim that
+    most values vary along, when its values would take more than ``FAST_BYTES`` of host memory
+    (attention's scores at a long sequence). Parallel dims are independent, so pieces give the same
+    result; each piece is still whole-tensor torch ops."""
+    p = bd.program
+    an = p.analysis
+    names = p.dim_names
+    full = [(0, bd.ext[d]) for d in names]
+    total = 0
+    for name, dims in an.dims.items():
+        n = 4
+        for d in dims:
+            n *= bd.ext[d]
+        total += n
+    if total <= FAST_BYTES:
+        return [full]
+    par = [d for d in names if d not in an.reduced_dims and bd.ext[d] > 1]
+    if not par:
+        return [full]
+    weight = {d: sum(1 for dims in an.dims.values() if d in dims) for d in par}
+    d = max(par, key=lambda x: (weight[x], bd.ext[x]))
+    k = names.index(d)
+    pieces = min(bd.ext[d], -(-total // FAST_BYTES))
+    step = -(-bd.ext[d] // pieces)
+    out = []
+    for a in range(0, bd.ext[d], step):
+        box = list(full)
+        box[k] = (a, min(a + step, bd.ext[d]))
+        out.append(box)
+    return out
+
+
+def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> list[Callable]:
     p = bd.program
     an = p.analysis
     names = p.dim_names
     ndim = len(names)
-    full = [(0, bd.ext[d]) for d in names]
+    full = region or [(0, bd.ext[d]) for d in names]
     ar = _aranges(p, full)
-    box = [bd.ext[d] for d in names]
+    box = [b - a for a, b in full]
+    start = {d: a for d, (a, _) in zip(names, full)}
     bidx = {b.name: i for i, b in enumerate(p.buffers)}
     steps: list[Callable] = []
 
@@ -216,7 +253,8 @@ def _compile_fast(bd: Bound) -> list[Callable]:
                     form = None
             if form is not None:
                 const, coefs = form
-                vshape = [bd.ext[d] if coefs.get(d) else 1 for d in names]
+                const += sum(c * start[d] for d, c in coefs.items())
+                vshape = [n if coefs.get(d) else 1 for d, n in zip(names, box)]
                 vstr = [coefs.get(d, 0) for d in names]
             fn = compile_expr(expr)
             idx_dims = [k for k, d in enumerate(names) if d in free_names(expr)]
@@ -368,23 +406,24 @@ def _compile_fast(bd: Bound) -> list[Callable]:
 
 
 def run_fast(bd: Bound, hosts: Sequence[torch.Tensor]) -> None:
-    steps = bd.steps
-    if steps is None:
-        steps = bd.steps = _compile_fast(bd)
-    env: dict[str, torch.Tensor] = {}
-    try:
-        for s in steps:
-            s(env, hosts)
-    except (RuntimeError, IndexError, TypeError, ValueError) as e:
-        # find which op failed (cheap: re-run with the index to name it)
-        env = {}
-        p = bd.program
-        for i, s in enumerate(steps):
-            try:
+    pieces = bd.steps
+    if pieces is None:
+        pieces = bd.steps = [_compile_fast(bd, box) for box in _chunks(bd)]
+    for steps in pieces:
+        env: dict[str, torch.Tensor] = {}
+        try:
+            for s in steps:
                 s(env, hosts)
-            except Exception as e2:  # noqa: BLE001
-                raise _fail(p, i, p.body[i], e2) from e2
-        raise
+        except (RuntimeError, IndexError, TypeError, ValueError):
+            # find which op failed (cheap: re-run with the index to name it)
+            env = {}
+            p = bd.program
+            for i, s in enumerate(steps):
+                try:
+                    s(env, hosts)
+                except Exception as e2:  # noqa: BLE001
+                    raise _fail(p, i, p.body[i], e2) from e2
+            raise
 
 
 # ------------------------------------------------------------------------------------- checked mode

@@ -230,7 +230,9 @@ def _node_kind(n: fx.Node) -> str:
     if n.op != "call_function":
         return n.op
     low = L.TABLE.get(n.target)
-    return low.kind if low is not None else "fallback"
+    if low is None or (low.applies is not None and not low.applies(n)):
+        return "fallback"
+    return low.kind
 
 
 # The dtypes the card holds (the device refuses others when it allocates: float64, complex...).

@@ -36,6 +36,7 @@ class Lowering:
     kind: str                          # "kernel" | "view" | "fused"
     make: Callable[[Any], Callable]
     doc: str = ""
+    applies: Callable[[Any], bool] | None = None   # node -> whether this lowering handles it (else a host fallback)
 
 
 TABLE: dict[Any, Lowering] = {}
@@ -51,10 +52,10 @@ def _opname(op: Any) -> str:
     return f"torch.{name}" if mod == "torch" else name
 
 
-def register(ops, kind: str = "kernel", doc: str = ""):
+def register(ops, kind: str = "kernel", doc: str = "", applies: Callable[[Any], bool] | None = None):
     def deco(make):
         for op in (ops if isinstance(ops, (list, tuple)) else [ops]):
-            TABLE[op] = Lowering(_opname(op), kind, make, doc)
+            TABLE[op] = Lowering(_opname(op), kind, make, doc, applies)
         return make
     return deco
 
@@ -604,6 +605,35 @@ def _sdpa_cpu(node):
         s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         out = attention_run(ctx, q, k, v, odt, s, attn_mask, is_causal)
         return out, None
+    return run
+
+
+# ------------------------------------------------------------------------------ convolution
+def _conv_applies(node) -> bool:
+    """1-D/2-D, not transposed, floating point, no output padding: the library's implicit GEMM."""
+    x, w = node.args[0].meta.get("val"), node.args[1].meta.get("val")
+    transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
+    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and not transposed
+            and x.dim() in (3, 4) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and w.dtype == x.dtype)
+
+
+@register([aten.convolution.default], "kernel",
+          "1-D/2-D convolution as an implicit GEMM on the systolic array (vspyre.ir.library.conv), bias as "
+          "its epilogue; transposed convolutions run on the host", applies=_conv_applies)
+def _convolution(node):
+    odt = _meta_dtype(node)
+    oshape = tuple(node.meta["val"].shape)
+
+    def run(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+        out = ctx.alloc(oshape, odt)
+        key = ("conv", spec(x), spec(w), spec(bias) if bias is not None else None, spec(out), tuple(stride),
+               tuple(padding), tuple(dilation), groups)
+        prog = ctx.memo(key, lambda: K.library.conv(spec(x), spec(w), spec(bias) if bias is not None else None,
+                                                    spec(out), tuple(stride), tuple(padding), tuple(dilation),
+                                                    groups, source=K.SOURCE))
+        ctx.launch(prog, x, w, *([bias] if bias is not None else []), out)
+        return out
     return run
 
 
