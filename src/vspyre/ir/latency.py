@@ -30,7 +30,8 @@ from .ops import OPS, Cost, TileCtx
 from .program import Load, RingReduce, Store
 from .schedule import CoreWork, Schedule, Step, is_alias, op_rules, runs_at, tile_ranges
 
-__all__ = ["Estimate", "estimate_schedule", "StepCost", "MAX_TRACE_STEPS", "CoreCost", "relayout_cost"]
+__all__ = ["Estimate", "estimate_schedule", "StepCost", "MAX_TRACE_STEPS", "CoreCost", "relayout_cost", "multicast",
+           "shared_cost"]
 
 MAX_TRACE_STEPS = 96     # per core; later steps are merged into one segment per kind
 
@@ -132,6 +133,34 @@ class CoreCost:
         return min(seq, max(self.dma + self.last_compute, self.compute + self.ring + self.first_in + self.last_out))
 
 
+def multicast(access, splits, extents) -> int:
+    """How many cores load the same box as this one: those that differ only along split dims the
+    address ignores. The bus carries such a load once for all of them (multicast)."""
+    g = 1
+    for d, parts, chunk in splits:
+        if d not in access.dims:
+            g *= min(parts, -(-extents[d] // max(1, chunk)))
+    return g
+
+
+def chain_cost(cfg, c: Cost, g: int, owner: bool) -> Cost:
+    """A ring reduction over ``g`` cores (``c``: one transfer of a partial and its combine). The
+    partials flow down the chain toward the owner stick by stick, each core adding its own as they
+    pass, so the owner has the total one transfer plus a hop per further core after it starts; each
+    other core sends once. Every link of the chain carries the partial once."""
+    if not owner:
+        return c
+    return Cost(c.unit, c.cycles + (g - 2) * cfg.ring_hop_cycles, c.flops * (g - 1), c.bytes * (g - 1), c.elems)
+
+
+def shared_cost(cfg, c: Cost, g: int) -> Cost:
+    """A load's cost for one of ``g`` cores that receive it in one multicast transfer."""
+    if g <= 1 or not c.bytes:
+        return c
+    setup = cfg.dma_setup_cycles
+    return Cost(c.unit, setup + (c.cycles - setup) / g, c.flops, c.bytes / g, c.elems)
+
+
 class _Model:
     """The per-schedule context: op rules, tile lists, cost memo."""
 
@@ -153,14 +182,9 @@ class _Model:
         # Cores that load the same box (they differ only along split dims the address ignores) get
         # it in one multicast transfer: the bus carries it once (torch-spyre measured a broadcast
         # operand costing one load however the work is split), each receiver is charged its share.
-        self.shared = [1] * len(p.body)
-        for i, op in enumerate(p.body):
-            if isinstance(op, Load):
-                g = 1
-                for d, parts, chunk, _ in s.splits:
-                    if d not in s.access[i].dims:
-                        g *= min(parts, -(-s.extents[p.dim_names.index(d)] // max(1, chunk)))
-                self.shared[i] = g
+        ext = dict(zip(p.dim_names, s.extents))
+        self.shared = [multicast(s.access[i], [(d, parts, chunk) for d, parts, chunk, _ in s.splits], ext)
+                       if isinstance(op, Load) else 1 for i, op in enumerate(p.body)]
         for i, op in enumerate(p.body):
             r = self.rules[i]
             if isinstance(op, (Load, Store)):
@@ -175,10 +199,7 @@ class _Model:
         if c is None:
             op = self.p.body[i]
             c = OPS[op.kind].cost(self.cfg, op, TileCtx(self.p, ext, self.s.access, i, self.rate))
-            g = self.shared[i]
-            if g > 1 and c.bytes:
-                setup = self.cfg.dma_setup_cycles
-                c = Cost(c.unit, setup + (c.cycles - setup) / g, c.flops, c.bytes / g, c.elems)
+            c = shared_cost(self.cfg, c, self.shared[i])
             self.memo[key] = c
         return c
 
@@ -210,11 +231,8 @@ class _Model:
             r = self.rules[i]
             if s.ring_dim in r.ring and not owner:
                 continue
-            transfers = 1
-            if isinstance(op, RingReduce):
-                if s.ring_dim != op.dim or group_active <= 1:
-                    continue                     # identity: nothing travels
-                transfers = (group_active - 1) if owner else 1
+            if isinstance(op, RingReduce) and (s.ring_dim != op.dim or group_active <= 1):
+                continue                         # identity: nothing travels
             od = set(self.op_dims[i])
             if isinstance(op, Load):
                 varying = {d for d in levels if d in od and ntiles[d] > 1}
@@ -245,8 +263,9 @@ class _Model:
                     ext[d] = e
                     cnt *= c
                 c = self.cost(i, ext)
-                times = cnt * transfers
-                self._add(cc, op, c, times, owner)
+                if isinstance(op, RingReduce):
+                    c = chain_cost(self.cfg, c, group_active, owner)
+                self._add(cc, op, c, cnt, owner)
         # pipeline fill and drain: the first and the last step
         first = _end_step(s, core, last=False)
         last = _end_step(s, core, last=True)
@@ -300,17 +319,15 @@ class _Model:
                 continue
             if not runs_at(r, st, self.inner):
                 continue
-            transfers = 1
-            if isinstance(op, RingReduce):
-                if s.ring_dim != op.dim or group_active <= 1:
-                    continue
-                transfers = (group_active - 1) if owner else 1
+            if isinstance(op, RingReduce) and (s.ring_dim != op.dim or group_active <= 1):
+                continue
             if isinstance(op, Load) and boxes is not None:
                 box = tuple(st.ranges[self.names.index(d)] for d in self.op_dims[i])
                 if boxes.get(i) == box:
                     continue                     # resident: still in the scratchpad
                 boxes[i] = box
-            sc.add(self.cost(i, ext), transfers)
+            c = self.cost(i, ext)
+            sc.add(chain_cost(self.cfg, c, group_active, owner) if isinstance(op, RingReduce) else c)
         return sc
 
 

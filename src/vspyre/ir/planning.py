@@ -197,28 +197,34 @@ def _active(ext: Mapping[str, int], core_ext: Mapping[str, int], division: WorkD
 
 
 def division_bound(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision,
-                   access: dict[int, Access]) -> float:
+                   access: dict[int, Access], relayout_us: float = 0.0) -> float:
     """Microseconds a kernel with this division needs at least: its busiest core moves its box of
-    every operand once (whole sticks) at the bandwidth share of the active cores, and computes its
-    whole box in one tile (no per-tile overheads); the larger of the two, plus the launch."""
+    every operand once (whole sticks, multicast loads at its share) at the bandwidth share of the
+    active cores, and computes its whole box in one tile (no per-tile overheads); the larger of the
+    two, plus the launch and the re-layouts."""
+    from .latency import multicast, shared_cost
     from .ops import OPS, TileCtx
     from .program import Load, RingReduce, Store
+    from .schedule import is_alias
 
     ext = bind_sizes(p, sizes)
     sticks = stick_dims(p, access, cfg)
     core_ext = _core_extents(p, sizes, ext, division, sticks)
     active = _active(ext, core_ext, division)
     rate = cfg.core_bandwidth(active) / cfg.clock_hz
+    splits = [(s.dim, s.parts, core_ext[s.dim]) for s in division.splits]
     dma = comp = 0.0
     for i, op in enumerate(p.body):
-        if isinstance(op, RingReduce) or (i in access and access[i].probe is not None):
+        if isinstance(op, RingReduce) or is_alias(p, i) or (i in access and access[i].probe is not None):
             continue        # (a probed access is left out: counting its sticks costs more than the bound saves)
         c = OPS[op.kind].cost(cfg, op, TileCtx(p, core_ext, access, i, rate))
+        if isinstance(op, Load):
+            c = shared_cost(cfg, c, multicast(access[i], splits, ext))
         if isinstance(op, (Load, Store)):
             dma += c.cycles
         else:
             comp += c.cycles
-    return cfg.kernel_launch_us + max(dma, comp) * 1e6 / cfg.clock_hz
+    return cfg.kernel_launch_us + relayout_us + max(dma, comp) * 1e6 / cfg.clock_hz
 
 
 # ------------------------------------------------------------------------------ the search
@@ -256,8 +262,13 @@ def _best_for_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig
     if division is not None:
         divs = [(0.0, division)]
     else:
-        divs = sorted(((division_bound(p, sizes, cfg, w, access), w) for w in legal_divisions(p, sizes, cfg, access)),
-                      key=lambda x: (x[0], -x[1].num_cores))
+        relay_us = 0.0
+        if relayout:
+            from .latency import relayout_cost
+            probe = build_schedule(p, sizes, cfg, WorkDivision(()), {}, False, access, relayout)
+            relay_us = sum(relayout_cost(probe, i)[1] for i in relayout)
+        divs = sorted(((division_bound(p, sizes, cfg, w, access, relay_us), w)
+                       for w in legal_divisions(p, sizes, cfg, access)), key=lambda x: (x[0], -x[1].num_cores))
     best = incumbent
     need = None
     searched = 0
