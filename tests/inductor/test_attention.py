@@ -56,7 +56,8 @@ def test_eager_sdpa_on_the_card_is_one_host_fallback():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_weight_is_relaid_once_and_again_after_an_update(backend):
     x = torch.randn(16, 256, dtype=torch.float16).to("spyre")
-    w = torch.randn(512, 256, dtype=torch.float16).to("spyre")        # nn.Linear layout: [out, in]
+    # a module's weight (a Parameter, in nn.Linear's [out, in] layout): the planner re-lays it once
+    w = torch.nn.Parameter(torch.randn(512, 256, dtype=torch.float16).to("spyre"), requires_grad=False)
     cf = _compile(lambda x, w: F.linear(x, w), backend)
     relayout.clear()
     before = torch.spyre.memory_allocated()

@@ -283,7 +283,7 @@ class _Model:
         cyc = c.cycles * times
         if c.unit in ("dma_in", "dma_out"):
             cc.dma += cyc
-            nbytes = int(c.bytes * times)
+            nbytes = c.bytes * times            # a multicast load's share may be fractional
             cc.dma_bytes += nbytes
             elems = int(c.elems * times)
             if c.unit == "dma_in":
@@ -337,12 +337,16 @@ def _end_step(s: Schedule, core: CoreWork, last: bool) -> Step | None:
     names = p.dim_names
     if any(b <= a for a, b in core.ranges):
         return None
-    lists = [tile_ranges(*core.ranges[k], s.tiles[k]) for k in range(len(names))]
-    ranges = tuple(lst[-1] if last else lst[0] for lst in lists)
+    ranges = []
+    counts = []
+    for (a, b), t in zip(core.ranges, s.tiles):
+        k = -(-(b - a) // max(1, t))
+        counts.append(k)
+        ranges.append((a + (k - 1) * t, b) if last else (a, min(a + t, b)))
     inner = [k for k, d in enumerate(names) if d in p.analysis.reduced_dims]
-    single = frozenset(names[k] for k in inner if len(lists[k]) == 1)
+    single = frozenset(names[k] for k in inner if counts[k] == 1)
     every = frozenset(names[k] for k in inner)
-    return Step(ranges, single if last else every, every if last else single, -1)
+    return Step(tuple(ranges), single if last else every, every if last else single, -1)
 
 
 def _pipeline_segments(model: _Model, core: CoreWork, owner: bool, group_active: int, end: float,
@@ -457,7 +461,7 @@ def estimate_schedule(s: Schedule, segments: bool = True) -> Estimate:
         relay_bytes += nbytes
         relay_us += t
         relay_names.append(p.body[i].buffer)
-    dma_bytes += relay_bytes
+    dma_bytes = math.ceil(dma_bytes - 1e-6) + relay_bytes
     segs: list[trace.Segment] | None = None
     if segments:
         segs = [trace.Segment(costs[0][0].core if costs else 0, "launch", 0.0, launch_us, "kernel launch")]

@@ -4,8 +4,10 @@
 estimated time among the candidates, honouring whatever the program (or the caller) fixed
 (division, tiles, re-layout, loop order). The search, in the order it runs:
 
-1. **Re-layout** (``relayouts``): every subset of the transposed matmul operands (a linear's
-   weight) is tried read as-is (a stick per element) or re-laid once before the kernel.
+1. **Re-layout** (``variants``, ``relayouts``): every subset of the transposed matmul operands (a
+   linear's weight) is tried read as-is (a stick per element) or re-laid once before the kernel;
+   and a matmul with a transposed operand is also tried with its operands in the other roles
+   (then the other operand is the one to lay out: attention's query rather than its keys).
 2. **Work division** (``divisions``): one or two parallel dims split over the cores in whole
    sticks, or one parallel dim and the reduction dim (finished over the ring). Divisions are
    visited from the lowest *lower bound* up: the time a core needs at least to move its box of
@@ -20,6 +22,9 @@ estimated time among the candidates, honouring whatever the program (or the call
    nothing fits, stick dims may go below one stick (a partial stick costs a whole one) before
    the planner gives up with an error that names the program, its shapes and the bytes needed.
 
+Every division is first tried with its first-choice candidates (double-buffered, program order);
+the two best are then refined with every loop order and buffering choice.
+
 Each candidate is estimated (``latency.estimate_schedule``); the best wins (ties: fewer cores,
 fewer steps). Adding a kind of candidate is one generator here. Plans are cached per program and
 bound sizes by the runtime.
@@ -27,6 +32,7 @@ bound sizes by the runtime.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Iterator, Mapping
@@ -46,11 +52,30 @@ MAX_LADDER = 6          # extents per dim in the tile ladder (the largest ones, 
 MAX_DIVISIONS = 10      # divisions searched in full (lowest bounds first)
 GAP = 0.98              # a division whose bound is within 2% of the best estimate cannot win enough to search
 MIN_GAIN_US = 0.25      # ... nor one that could win less than this (tiny, launch-bound kernels)
+REFINE = 2              # divisions whose every loop order and buffering choice is tried
 
 plan_stats = {"plans": 0, "candidates": 0}
 
 
 # ------------------------------------------------------------------------------ candidates
+def variants(p: Program, sizes: Mapping[str, int]) -> list[Program]:
+    """The program, and when it has a transposed matmul operand, the program with that matmul's
+    operands in the other roles (the same product: the systolic array streams the other operand, so
+    the *other* one must be laid out for it; e.g. attention's small query at decode re-laid instead
+    of its long keys)."""
+    out = [p]
+    if relayout_candidates(p, sizes):
+        import dataclasses
+        from .program import Matmul
+        for i, op in enumerate(p.body):
+            if isinstance(op, Matmul) and op.acc is None:
+                body = list(p.body)
+                body[i] = dataclasses.replace(op, a=op.b, b=op.a)
+                meta = dict(p.meta, swapped=tuple(p.meta.get("swapped", ())) + (op.out,))
+                out.append(dataclasses.replace(p, body=tuple(body), meta=meta))
+    return out
+
+
 def relayouts(p: Program, sizes: Mapping[str, int]) -> list[frozenset[int]]:
     cands = relayout_candidates(p, sizes)
     return [frozenset(c) for n in range(len(cands) + 1) for c in itertools.combinations(cands, n)]
@@ -230,22 +255,33 @@ def division_bound(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, di
 # ------------------------------------------------------------------------------ the search
 def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None,
             division: WorkDivision | None = None, tiles: TilePlan | None = None,
-            relayout: frozenset[int] | None = None, order: tuple[str, ...] | None = None) -> Schedule:
-    """The best schedule of ``p`` for bound ``sizes``; what the caller (or the program) fixes is kept."""
+            relayout: frozenset[int] | None = None, order: tuple[str, ...] | None = None,
+            persistent: frozenset[str] = frozenset()) -> Schedule:
+    """The best schedule of ``p`` for bound ``sizes``; what the caller (or the program) fixes is kept.
+
+    ``persistent``: buffers that keep their values across launches (a model's weights): their
+    re-layout is paid once (the runtime keeps the re-laid copy), so the search does not count it
+    per launch; the schedule's estimate still reports it."""
     cfg = cfg or hardware.get_config()
     division = division or p.division
     tiles = tiles or p.tiles
     plan_stats["plans"] += 1
     best: tuple | None = None
     err: Exception | None = None
-    for rl in ([frozenset(relayout)] if relayout is not None else relayouts(p, sizes)):
-        try:
-            cand = _best_for_relayout(p, sizes, cfg, division, tiles, rl, order, best)
-        except (ScheduleError, ProgramError) as e:
-            err = e
-            continue
-        if cand is not None and (best is None or cand[0] < best[0]):
-            best = cand
+    persistent = frozenset(persistent)
+    cache = p.__dict__.setdefault("_variants", {})
+    key = tuple(sorted(sizes.items()))
+    if key not in cache:
+        cache[key] = variants(p, sizes) if relayout is None else [p]
+    for v in cache[key]:
+        for rl in ([frozenset(relayout)] if relayout is not None else relayouts(v, sizes)):
+            try:
+                cand = _best_for_relayout(v, sizes, cfg, division, tiles, rl, order, best, persistent)
+            except (ScheduleError, ProgramError) as e:
+                err = e
+                continue
+            if cand is not None and (best is None or cand[0] < best[0]):
+                best = cand
     if best is None:
         raise err if err else ScheduleError(f"program {p.name}: no schedule")
     return best[1]
@@ -253,101 +289,158 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
 
 def _best_for_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision | None,
                        tiles: TilePlan | None, relayout: frozenset[int], order: tuple[str, ...] | None,
-                       incumbent: tuple | None) -> tuple | None:
-    access = access_layout(p, sizes, relayout, cfg.stick_bytes)
-    sticks = stick_dims(p, access, cfg)
-    ext = bind_sizes(p, sizes)
-    fixed_tiles = {d: max(1, _bind(v, sizes)) for d, v in (tiles.sizes if tiles else ())}
-    db_opts = [tiles.double_buffer] if tiles is not None and tiles.double_buffer is not None else [True, False]
+                       incumbent: tuple | None, persistent: frozenset[str] = frozenset()) -> tuple | None:
+    """The best schedule with these re-laid operands, or None if ``incumbent`` stays better.
+
+    Two passes: every promising division (lowest bound first) with its first-choice candidates
+    (double-buffered when it fits, program loop order), then the two best divisions with every loop
+    order and buffering choice."""
+    ctx = _Search(p, sizes, cfg, tiles, relayout, order, persistent)
     if division is not None:
         divs = [(0.0, division)]
     else:
-        relay_us = 0.0
-        if relayout:
-            from .latency import relayout_cost
-            probe = build_schedule(p, sizes, cfg, WorkDivision(()), {}, False, access, relayout)
-            relay_us = sum(relayout_cost(probe, i)[1] for i in relayout)
-        divs = sorted(((division_bound(p, sizes, cfg, w, access, relay_us), w)
-                       for w in legal_divisions(p, sizes, cfg, access)), key=lambda x: (x[0], -x[1].num_cores))
+        divs = sorted(((division_bound(p, sizes, cfg, w, ctx.access, ctx.relayout_us()), w)
+                       for w in legal_divisions(p, sizes, cfg, ctx.access)), key=lambda x: (x[0], -x[1].num_cores))
     best = incumbent
-    need = None
-    searched = 0
-    for bound, w in divs:
+    per_div: list[tuple] = []
+    for n, (bound, w) in enumerate(divs):
         if best is not None:
             best_us = best[0][0] * 1e6 / cfg.clock_hz
-            if bound >= min(best_us * GAP, best_us - MIN_GAIN_US) or searched >= MAX_DIVISIONS:
+            if bound >= min(best_us * GAP, best_us - MIN_GAIN_US) or n >= MAX_DIVISIONS:
                 break
-        searched += 1
         try:
             check_division(p, w, cfg)
         except ScheduleError:
             if division is not None:
                 raise
             continue
-        core_ext = _core_extents(p, sizes, ext, w, sticks)
-        tried_any = False
-        whole = {d: max(1, core_ext[d]) for d in p.dim_names}
-        if not fixed_tiles and live_bytes(p, whole, False, cfg, frozenset()) <= cfg.scratchpad_usable_bytes:
+        mine = None
+        for cand in ctx.candidates(w, coarse=True):
+            if best is None or cand[0] < best[0]:
+                best = cand
+            if mine is None or cand[0] < mine:
+                mine = cand[0]
+        if mine is not None:
+            per_div.append((mine, w))
+        elif ctx.need is None:
+            ctx.need = ctx.one_element_bytes(w)
+    for _, w in sorted(per_div, key=lambda x: x[0])[:REFINE]:
+        for cand in ctx.candidates(w, coarse=False):
+            if best is None or cand[0] < best[0]:
+                best = cand
+    if best is None and ctx.need is not None:
+        raise scratchpad_overflow(p, sizes, ctx.need, cfg, "even one-element tiles (the persistent dims "
+                                  f"{sorted(persistent_dims(p))} whole) do not fit")
+    if best is None or best is incumbent:
+        return None
+    return best
+
+
+class _Search:
+    """What the search needs for one program, sizes and set of re-laid operands."""
+
+    def __init__(self, p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, tiles: TilePlan | None,
+                 relayout: frozenset[int], order: tuple[str, ...] | None, persistent: frozenset[str] = frozenset()):
+        self.p, self.sizes, self.cfg, self.relayout, self.order = p, sizes, cfg, relayout, order
+        self.once = frozenset(i for i in relayout if p.body[i].buffer in persistent)   # paid once, not per launch
+        self.access = access_layout(p, sizes, relayout, cfg.stick_bytes)
+        self.sticks = stick_dims(p, self.access, cfg)
+        self.ext = bind_sizes(p, sizes)
+        self.tiles = tiles
+        self.fixed = {d: max(1, _bind(v, sizes)) for d, v in (tiles.sizes if tiles else ())}
+        self.db_opts = [tiles.double_buffer] if tiles is not None and tiles.double_buffer is not None else [True, False]
+        self.pers = persistent_dims(p)
+        self.need: int | None = None
+
+    def one_element_bytes(self, w: WorkDivision) -> int:
+        """Scratchpad bytes of a step with one-element tiles (persistent dims whole)."""
+        core_ext = _core_extents(self.p, self.sizes, self.ext, w, self.sticks)
+        t1 = {d: 1 if d not in self.pers else core_ext[d] for d in self.p.dim_names}
+        return live_bytes(self.p, t1, False, self.cfg)
+
+    def relayout_us(self, which: frozenset[int] | None = None) -> float:
+        """Per-launch re-layout time (of ``which``; default: those not paid once)."""
+        which = (self.relayout - self.once) if which is None else which
+        if not which:
+            return 0.0
+        from .latency import relayout_cost
+        s = build_schedule(self.p, self.sizes, self.cfg, WorkDivision(()), {}, False, self.access, self.relayout)
+        return sum(relayout_cost(s, i)[1] for i in which)
+
+    def fits(self, t: dict[str, int], core_ext: Mapping[str, int], db: bool, od) -> bool:
+        multi = frozenset(d for d in self.p.dim_names if core_ext[d] > t[d])
+        return live_bytes(self.p, t, db, self.cfg, multi, od) <= self.cfg.scratchpad_usable_bytes
+
+    def _tile_choices(self, core_ext: Mapping[str, int], coarse: bool) -> Iterator[tuple[dict, bool, tuple | None]]:
+        p, names = self.p, self.p.dim_names
+        whole = {d: max(1, core_ext[d]) for d in names}
+        if not self.fixed and self.fits(whole, core_ext, False, self.order):
             # everything fits in one step: that, or a few steps along one dim, double-buffered, so
             # that loading the next piece overlaps computing this one
-            cands = [(whole, db_opts[-1])]
-            if True in db_opts:
-                cands += [(dict(whole, **{d: -(-whole[d] // k)}), True) for d in p.dim_names for k in (2, 4)
-                          if d not in persistent_dims(p) and whole[d] >= 2 * k]
-            for t, db in cands:
-                multi = frozenset(d for d in p.dim_names if core_ext[d] > t[d])
-                if db and live_bytes(p, t, True, cfg, multi, order) > cfg.scratchpad_usable_bytes:
-                    continue
-                s = build_schedule(p, sizes, cfg, w, t, db, access, relayout, order)
-                plan_stats["candidates"] += 1
-                e = estimate_schedule(s, segments=False)
-                key = (e.cycles, w.num_cores, math.prod(-(-whole[d] // t[d]) for d in p.dim_names))
-                if best is None or key < best[0]:
-                    best = (key, s)
-            continue
+            yield whole, self.db_opts[-1], self.order
+            if True in self.db_opts:
+                for d in names:
+                    for k in (2, 4):
+                        if d not in self.pers and whole[d] >= 2 * k:
+                            t = dict(whole, **{d: -(-whole[d] // k)})
+                            if self.fits(t, core_ext, True, self.order):
+                                yield t, True, self.order
+            return
+        multi_all = frozenset(d for d in names if core_ext[d] > 1)
+        ods = [tuple(self.order)] if self.order else orders(p, multi_all)
+        dbs = self.db_opts
+        if coarse:
+            ods, dbs = ods[:1], dbs[:1]
         for below in (False, True):
-            for db in db_opts:
-                multi_all = frozenset(d for d in p.dim_names if core_ext[d] > 1)
-                for od in ([tuple(order)] if order else orders(p, multi_all)):
-                    if tiles is not None and tiles.sizes:
+            any_ = False
+            for db in dbs:
+                for od in ods:
+                    if self.fixed:
                         # the caller's tiles are kept even if they overflow (checked mode will say so);
                         # double buffering is only chosen for them if it fits
-                        cands = tilings(p, core_ext, sticks, cfg, db, od, fixed_tiles, below) \
-                            if len(fixed_tiles) < len(p.dim_names) else []
+                        cands = tilings(p, core_ext, self.sticks, self.cfg, db, od, self.fixed, below) \
+                            if len(self.fixed) < len(names) else []
                         if not cands:
-                            t = {d: min(max(1, core_ext[d]), fixed_tiles.get(d, core_ext[d])) for d in p.dim_names}
-                            multi = frozenset(d for d in p.dim_names if core_ext[d] > t[d])
-                            if db and tiles.double_buffer is None and \
-                                    live_bytes(p, t, True, cfg, multi, od) > cfg.scratchpad_usable_bytes:
+                            t = {d: min(whole[d], self.fixed.get(d, whole[d])) for d in names}
+                            if db and self.tiles.double_buffer is None and not self.fits(t, core_ext, True, od):
                                 continue
                             cands = [t]
                     else:
-                        cands = tilings(p, core_ext, sticks, cfg, db, od, None, below)
+                        cands = tilings(p, core_ext, self.sticks, self.cfg, db, od, None, below)
                     for t in cands:
-                        tried_any = True
-                        try:
-                            s = build_schedule(p, sizes, cfg, w, t, db, access, relayout, od)
-                        except ScheduleError:
-                            if division is not None:
-                                raise
-                            continue
-                        plan_stats["candidates"] += 1
-                        e = estimate_schedule(s, segments=False)
-                        steps = math.prod(len(tile_ranges(0, n, tt)) for n, tt in zip(core_ext.values(), t.values()))
-                        key = (e.cycles, w.num_cores, steps)
-                        if best is None or key < best[0]:
-                            best = (key, s)
-            if tried_any:
-                break
-        if not tried_any and need is None:
-            t1 = {d: 1 if d not in persistent_dims(p) else core_ext[d] for d in p.dim_names}
-            need = live_bytes(p, t1, False, cfg)
-    if best is None or best is incumbent:
-        if best is None and need is not None:
-            raise scratchpad_overflow(p, sizes, need, cfg, "even one-element tiles (the persistent dims "
-                                      f"{sorted(persistent_dims(p))} whole) do not fit")
-        return None
-    return best
+                        any_ = True
+                        yield t, db, od
+            if any_:
+                return
+            if coarse and len(self.db_opts) > 1:       # nothing double-buffered fits: try single
+                yield from self._tile_choices_single(core_ext, below)
+                return
+
+    def _tile_choices_single(self, core_ext: Mapping[str, int], below: bool) -> Iterator[tuple[dict, bool, tuple]]:
+        od = tuple(self.order) if self.order else orders(self.p, frozenset())[0]
+        for bl in (below, True):
+            cands = tilings(self.p, core_ext, self.sticks, self.cfg, False, od, None, bl)
+            for t in cands:
+                yield t, False, od
+            if cands:
+                return
+
+    def candidates(self, w: WorkDivision, coarse: bool) -> Iterator[tuple]:
+        """(key, schedule) for the division's candidates, each estimated."""
+        core_ext = _core_extents(self.p, self.sizes, self.ext, w, self.sticks)
+        for t, db, od in self._tile_choices(core_ext, coarse):
+            try:
+                s = build_schedule(self.p, self.sizes, self.cfg, w, t, db, self.access, self.relayout, od)
+            except ScheduleError:
+                continue
+            plan_stats["candidates"] += 1
+            e = estimate_schedule(s, segments=False)
+            steps = math.prod(-(-n // max(1, t[d])) for d, n in core_ext.items())
+            yield (e.cycles - self.once_cycles, w.num_cores, steps), s
+
+    @functools.cached_property
+    def once_cycles(self) -> float:
+        return self.relayout_us(self.once) * self.cfg.clock_hz / 1e6
 
 
 # ------------------------------------------------------------------------------ compatibility helpers

@@ -345,6 +345,8 @@ class Schedule:
         if self.relayout:
             names = ", ".join(sorted(p.body[i].buffer for i in self.relayout))
             rl = f"; re-laid once: {names}"
+        if p.meta.get("swapped"):
+            rl += f"; operands swapped: {', '.join(p.meta['swapped'])}"
         return f"cores={self.num_cores} split: {sp}; tile: {tl}{od}; double_buffer={self.double_buffer}{rl}"
 
     def steps(self, core: CoreWork) -> Iterator[Step]:

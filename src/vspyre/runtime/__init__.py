@@ -57,6 +57,11 @@ def _key(tensors: Sequence[torch.Tensor], scalars: Mapping[str, int]):
     return (k, tuple(sorted(scalars.items()))) if scalars else k
 
 
+def _is_weight(t: torch.Tensor) -> bool:
+    """A parameter of a module (or a view of one: compiled code passes flat views of its inputs)."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(getattr(t, "_base", None), torch.nn.Parameter)
+
+
 def _bound_for(program: Program, tensors: Sequence[torch.Tensor], scalars: Mapping[str, int]) -> Bound:
     cache = program.__dict__.get("_rt_cache")
     if cache is None:
@@ -65,6 +70,8 @@ def _bound_for(program: Program, tensors: Sequence[torch.Tensor], scalars: Mappi
     bd = cache.get(key)
     if bd is None:
         bd = bind(program, tensors, dict(scalars))
+        # a model's weights keep their values across launches: the planner counts their re-layout once
+        bd.meta["persistent"] = frozenset(b.name for b, t in zip(program.buffers, tensors) if _is_weight(t))
         cache[key] = bd
         if log.isEnabledFor(logging.DEBUG) or os.environ.get("VSPYRE_DUMP_DIR"):
             dump(bd)

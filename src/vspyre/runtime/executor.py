@@ -75,7 +75,7 @@ class Bound:
     def schedule(self) -> Schedule:
         cfg = hardware.get_config()
         if self._schedule is None or self._cfg is not cfg:
-            self._schedule = resolve(self.program, self.sizes, cfg)
+            self._schedule = resolve(self.program, self.sizes, cfg, persistent=self.meta.get("persistent", frozenset()))
             self._estimate = None
             self._cfg = cfg
         return self._schedule
@@ -679,7 +679,7 @@ def _reduction_state(op) -> tuple:
 
 
 def _shape(x) -> tuple:
-    return tuple(tuple(t.shape) for t in x) if isinstance(x, tuple) else tuple(x.shape)
+    return tuple(tuple(t.shape) if t is not None else () for t in x) if isinstance(x, tuple) else tuple(x.shape)
 
 
 def run_checked(bd: Bound, hosts: Sequence[torch.Tensor], schedule: Schedule | None = None) -> dict:
