@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import math
+
 import sympy
 import torch
 
@@ -204,7 +206,10 @@ def _chunks(bd: Bound) -> list[list[tuple[int, int]]]:
     names = p.dim_names
     full = [(0, bd.ext[d]) for d in names]
     total = 0
+    skipped = {p.body[j].outputs[0] for a in _attention_paths(p).values() for j in a["skip"]}
     for name, dims in an.dims.items():
+        if name in skipped:
+            continue
         n = 4
         for d in dims:
             n *= bd.ext[d]
@@ -238,8 +243,19 @@ def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> lis
     start = {d: a for d, (a, _) in zip(names, full)}
     bidx = {b.name: i for i, b in enumerate(p.buffers)}
     steps: list[Callable] = []
+    attn = _attention_paths(p)
+    skip = set().union(*[a["skip"] for a in attn.values()]) if attn else set()
 
     for i, op in enumerate(p.body):
+        if i in skip:
+            continue
+        if i in attn:
+            a = attn[i]
+
+            def step(env, H, a=a, op=op):
+                env[op.out] = _attention_fast(a, env, ndim)
+            steps.append(step)
+            continue
         if isinstance(op, (Load, Store)):
             bi = bidx[op.buffer]
             buf = p.buffers[bi]
@@ -403,6 +419,156 @@ def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> lis
             raise ProgramError(f"program {p.name}: op {i}: cannot execute {op!r}")
         steps.append(step)
     return steps
+
+
+# -- attention's fast path ------------------------------------------------------------------------
+_AFFINE = {"mul", "truediv", "add", "sub", "where", "to", "identity"}
+
+
+def _attention_paths(p: Program) -> dict[int, dict]:
+    """SoftmaxMatmuls whose scores are ``c * (q . k) + B`` (a Matmul, then scalings, additions and
+    masks that do not depend on the scores): fast mode runs them through torch's own
+    scaled_dot_product_attention instead of materialising the scores (same value; the card's cost
+    is the program's, whatever the host does). op index -> what the fast path needs."""
+    an = p.analysis
+    users: dict[str, list[int]] = {}
+    for i, op in enumerate(p.body):
+        for n in op.inputs:
+            users.setdefault(n, []).append(i)
+    out = {}
+    for i, op in enumerate(p.body):
+        if not (isinstance(op, SoftmaxMatmul) and op.v is not None):
+            continue
+        chain, cur, scale = [], op.s, 1.0
+        ok = True
+        while True:
+            prod = an.producer[cur]
+            j = p.body.index(prod)
+            if users.get(cur, []) != [chain[-1] if chain else i]:
+                ok = False                        # the scores (or a step of their chain) are used elsewhere
+                break
+            if isinstance(prod, Matmul):
+                break
+            if isinstance(prod, RingReduce):
+                chain.append(j)
+                cur = prod.value
+                continue
+            if not (isinstance(prod, Compute) and prod.op in _AFFINE):
+                ok = False
+                break
+            on_path = [k for k, a in enumerate(prod.args) if isinstance(a, str) and _from_matmul(an, a)]
+            args = prod.args
+            if prod.op in ("mul", "truediv"):
+                other = args[1 - on_path[0]] if len(on_path) == 1 else None
+                if len(on_path) != 1 or not isinstance(other, (int, float)) or (prod.op == "truediv" and on_path[0]):
+                    ok = False
+                    break
+                scale = scale * other if prod.op == "mul" else scale / other
+            elif prod.op == "sub" and on_path != [0]:
+                ok = False
+                break
+            elif prod.op == "where" and on_path != [1]:
+                ok = False
+                break
+            elif prod.op in ("add",) and len(on_path) != 1:
+                ok = False
+                break
+            chain.append(j)
+            cur = args[on_path[0]] if on_path else None
+            if cur is None:
+                ok = False
+                break
+        if not ok or prod.acc is not None:
+            continue
+        mm_i = p.body.index(prod)
+        q, k, d = prod.a, prod.b, prod.dim
+        if op.dim in an.dims[q]:
+            q, k = k, q
+        batch = (an.dims[q] & an.dims[k]) - {d}
+        if not (an.dims[k] - batch - {d} == {op.dim} and an.dims[op.v] - batch >= {op.dim}
+                and (an.dims[op.v] - {op.dim}) - batch and not (an.dims[op.v] & (an.dims[q] - batch))):
+            continue
+        out[i] = {"op": op, "q": q, "k": k, "v": op.v, "d": d, "n": op.dim, "batch": batch,
+                  "m": an.dims[q] - batch - {d}, "e": an.dims[op.v] - batch - {op.dim},
+                  "chain": sorted(chain), "matmul": mm_i, "scale": scale, "names": p.dim_names,
+                  "program": p, "skip": set(chain) | {mm_i}, "score": p.body[mm_i].out}
+    return out
+
+
+def _from_matmul(an, name: str) -> bool:
+    """Whether value ``name`` is computed from a Matmul's result (the scores' path)."""
+    prod = an.producer.get(name)
+    if isinstance(prod, Matmul):
+        return True
+    if isinstance(prod, (Compute, RingReduce)):
+        return any(_from_matmul(an, x) for x in prod.inputs)
+    return False
+
+
+def _attention_fast(a: dict, env: dict, ndim: int) -> torch.Tensor:
+    p = a["program"]
+    names = a["names"]
+    pos = {d: k for k, d in enumerate(names)}
+    # query rows: the last query-only dim; the others (a grouped head's query heads) join the batch,
+    # the keys and values broadcast along them
+    qonly = [d for d in names if d in a["m"]]
+    batch = [d for d in names if d in a["batch"] or d in qonly[:-1]]
+    m, e = qonly[-1:], [d for d in names if d in a["e"]]
+    n, d = a["n"], a["d"]
+    q, k, v = env[a["q"]], env[a["k"]], env[a["v"]]
+    size = {x: max(q.shape[pos[x]], k.shape[pos[x]], v.shape[pos[x]]) for x in names}
+
+    def arrange(t: torch.Tensor, groups: list[list[str]], loose: int = -1) -> torch.Tensor:
+        """``t`` (one axis per dim) as [prod(group) for group], broadcasting where it is constant;
+        group ``loose`` stays 1 if ``t`` is constant along all its dims (a mask shared by the heads)."""
+        flat = [x for g in groups for x in g]
+        rest = [pos[x] for x in names if x not in flat]
+        t = t.permute([pos[x] for x in flat] + rest)
+        t = t.reshape(t.shape[:len(flat)])
+        keep = set(groups[loose]) if loose >= 0 and all(t.shape[flat.index(x)] == 1 for x in groups[loose]) else set()
+        t = t.expand([1 if x in keep else size[x] for x in flat])
+        return t.reshape([math.prod(1 if x in keep else size[x] for x in g) for g in groups])
+
+    # the scores' bias: the chain evaluated with the scores at zero
+    zero = torch.zeros([1] * ndim)
+    benv = dict(env)
+    benv[a["score"]] = zero
+    bias = zero
+    for j in a["chain"]:
+        op = p.body[j]
+        if isinstance(op, RingReduce):
+            benv[op.out] = benv[op.value]
+        else:
+            f = OPS[op.op].fn if OPS[op.op].fn is not None else _cast_fn(op.dtype)
+            benv[op.out] = f(*[benv[x] if isinstance(x, str) else _const_tensor(x, ndim) for x in op.args])
+        bias = benv[op.out]
+    bias = bias.to(torch.float32) if bias.is_floating_point() else bias.float()
+    qf = arrange(q.float(), [batch, m, [d]])
+    kf = arrange(k.float(), [batch, [n], [d]])
+    vf = arrange(v.float(), [batch, [n], e])
+    mask = None
+    causal = False
+    if a["chain"] and bool((bias != 0).any()):
+        mask = arrange(bias, [batch, m, [n]], loose=0)
+        rows, cols = mask.shape[-2:]
+        tril = torch.ones(rows, cols, dtype=torch.bool).tril()
+        if bool(((mask == 0) == tril).all()) and bool((torch.isneginf(mask) | (mask == 0)).all()):
+            mask, causal = None, True             # torch's own causal path: no bias to add
+    # 4-D: the CPU's flash kernel takes (batch, heads, rows, width); 3-D inputs take the math path
+    o = torch.nn.functional.scaled_dot_product_attention(
+        qf[None], kf[None], vf[None], attn_mask=None if mask is None else mask[None], is_causal=causal,
+        scale=a["scale"])[0]
+    if mask is not None:
+        empty = torch.isneginf(mask).all(-1, keepdim=True)
+        if bool(empty.any()):
+            o = torch.where(empty, torch.zeros_like(o) if a["op"].zero_empty else torch.full_like(o, float("nan")), o)
+    # back to one axis per dim
+    o = o.reshape([size[x] for x in batch] + [size[x] for x in m] + [size[x] for x in e])
+    order = batch + m + e
+    o = o.reshape(o.shape + (1,) * (ndim - len(order)))
+    rest = [x for x in names if x not in order]
+    perm = [ (order + rest).index(x) for x in names]
+    return o.permute(perm)
 
 
 def run_fast(bd: Bound, hosts: Sequence[torch.Tensor]) -> None:
