@@ -291,6 +291,35 @@ def _sampled(cases: list[Case]) -> set[str]:
     return pick
 
 
+def _markdown(path: str, rows: list[Row], lines: list[str], elapsed: float, args: Any) -> None:
+    import platform
+
+    from vspyre import hardware
+    cfg = hardware.get_config()
+    out = [f"# Real shapes on the card: `benchmarks/bench_shapes.py`", "",
+           f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {__import__('os').cpu_count()} "
+           f"CPUs, torch {torch.__version__}, hardware preset `{cfg.name}`, functional runs: {args.functional} "
+           f"(the smallest and the largest shape of each kind per group when sampled), {elapsed / 60:.1f} min.",
+           "Regenerate with `.venv/bin/python benchmarks/bench_shapes.py --markdown docs/real-shapes.md`.", "",
+           "## Summary", ""]
+    out += [f"- {ln}" for ln in lines]
+    out += ["", "## Every shape", "",
+            "est./roofline in us for one steady-state call; eff = roofline / est.; one-time = a weight's "
+            "re-layout, paid once; DMA/c = bytes moved / compulsory bytes; wall/CPU = functional wall time "
+            "of the compiled call / the same torch ops on the CPU (sampled shapes).", "",
+            "| group | shape | compiler | est. us | roofline us | eff | one-time us | DMA/c | kernels | wall/CPU "
+            "| schedule of the largest kernel |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r.dma_bytes / r.compulsory_bytes:.2f}" if r.compulsory_bytes else "-"
+        wall = f"{r.wall_ms / r.cpu_ms:.2f}" if r.wall_ms and r.cpu_ms else ""
+        out.append(f"| {r.group} | {r.name} | {'inductor' if r.backend == 'inductor' else 'standalone'} | "
+                   f"{r.est_us:.1f} | {r.roofline_us:.1f} | {r.eff:.2f} | {r.once_us:.0f} | {ratio} | {r.kernels} | "
+                   f"{wall} | {(r.error or r.schedule).replace('|', '/')} |")
+    with open(path, "w") as fh:
+        fh.write("\n".join(out) + "\n")
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -302,12 +331,17 @@ def main() -> int:
     ap.add_argument("--functional", default="sampled", choices=("sampled", "all", "none"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None, help="write the table and the summary as Markdown (docs/real-shapes.md)")
+    ap.add_argument("--hw", default=None, help="hardware preset (default: the active one, VSPYRE_HW)")
     ap.add_argument("--backends", default=",".join(BACKENDS))
     args = ap.parse_args()
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
+    if args.hw:
+        from vspyre import hardware
+        hardware.set_config(hardware.PRESETS[args.hw])
     groups = all_cases()
     cases = [c for g in args.groups.split(",") for c in groups[g.strip()]]
     backends = [b.strip() for b in args.backends.split(",")]
@@ -372,6 +406,8 @@ def main() -> int:
                  + (f" ({', '.join(fell[:6])})" if fell else ""))
     for ln in lines:
         con.print(ln)
+    if args.markdown:
+        _markdown(args.markdown, rows, lines, elapsed, args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": [asdict(r) | {"eff": r.eff} for r in rows], "summary": lines,

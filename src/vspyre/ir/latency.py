@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from .. import trace
 from .ops import OPS, Cost, TileCtx
 from .program import Load, RingReduce, Store
-from .schedule import CoreWork, Schedule, Step, is_alias, op_rules, runs_at, tile_ranges
+from .schedule import CoreWork, Schedule, Step, address_only, is_alias, op_rules, runs_at
 
 __all__ = ["Estimate", "estimate_schedule", "StepCost", "MAX_TRACE_STEPS", "CoreCost", "relayout_cost", "multicast",
            "shared_cost"]
@@ -171,7 +171,8 @@ class _Model:
         self.names = p.dim_names
         self.rules = op_rules(p)
         self.inner = frozenset(d for d in self.names if d in p.analysis.reduced_dims)
-        self.alias = [is_alias(p, i) for i in range(len(p.body))]
+        addr = address_only(p)
+        self.alias = [is_alias(p, i) or i in addr for i in range(len(p.body))]     # cost nothing
         self.active = max(1, s.active_cores)
         cfg = self.cfg
         self.rate = cfg.core_bandwidth(self.active) / cfg.clock_hz

@@ -75,6 +75,46 @@ def is_alias(p: Program, i: int) -> bool:
     return flags[i]
 
 
+def address_only(p: Program) -> frozenset[int]:
+    """Index computations (IndexValue, constants and vector ops over them) used only to mask or
+    index loads: the DMA engine's address generation does them (zero fill of a convolution's
+    padding, the bounds of a ``cat``), not the vector unit; they cost no cycles and no scratchpad.
+    Where a mask is also used as a value (``where(mask, a, b)``), it is computed on the vector unit."""
+    cached = p.__dict__.get("_address_only")
+    if cached is not None:
+        return cached
+    from .program import Constant, IndexValue
+    an = p.analysis
+    users: dict[str, list] = {}
+    for op in p.body:
+        for n in op.inputs:
+            users.setdefault(n, []).append(op)
+    out: set[int] = set()
+    for i in range(len(p.body) - 1, -1, -1):
+        op = p.body[i]
+        if not isinstance(op, (IndexValue, Constant, Compute)) or not op.outputs:
+            continue
+        if isinstance(op, Compute) and any(isinstance(an.producer.get(n), (Load, Reduce, Matmul))
+                                           for n in op.inputs):
+            continue
+        name = op.outputs[0]
+        us = users.get(name, [])
+        ok = bool(us)
+        for u in us:
+            if isinstance(u, Load) and u.mask == name:
+                continue
+            j = p.body.index(u)
+            if j in out:
+                continue
+            ok = False
+            break
+        if ok:
+            out.add(i)
+    res = frozenset(out)
+    p.__dict__["_address_only"] = res
+    return res
+
+
 def op_rules(p: Program) -> tuple[OpRule, ...]:
     cached = p.__dict__.get("_op_rules")
     if cached is not None:
@@ -154,9 +194,12 @@ class _LiveInfo:
         self.values: list[tuple] = []      # (op index, name, dim positions, itemsize, kind, dims, extra)
         self.stores: dict[int, tuple] = {}
         alias_of: dict[str, str] = {}
+        addr = address_only(p)
         for i, op in enumerate(p.body):
             if is_alias(p, i):
                 alias_of[op.outputs[0]] = alias_of.get(op.args[0], op.args[0])
+                continue
+            if i in addr:
                 continue
             r = rules[i]
             for name in op.outputs:
