@@ -229,3 +229,34 @@ def test_no_op_casts_take_no_scratchpad_and_no_cycles():
     with_cast, without = (estimate_schedule(resolve(prog(c), {}), segments=False) for c in (True, False))
     assert with_cast.us == pytest.approx(without.us)
     assert with_cast.dma_bytes < 1.2 * with_cast.compulsory_bytes
+
+
+def test_padding_masks_are_address_generation_and_refilling_where_is_free():
+    """Inductor's padded read of a convolution: ``where(m, load(x, mask=m, other=0), 0)``. The
+    masked load already fills 0, so the ``where`` is the load and ``m`` is only the DMA's bounds."""
+    def prog(refill):
+        b = ProgramBuilder("pad_mm", source="test")
+        x = b.input("x", torch.float16, (64, 1024))
+        w = b.input("w", torch.float16, (1024, 512))
+        y = b.output("y", torch.float16, (64, 512))
+        i, j, k = b.dim("x0", 64), b.dim("x1", 512), b.rdim("r0", 1024)
+        m = b.logical_and(b.ge(b.index_value(f"x0 + r0 - 1"), 0), b.lt(b.index_value(f"x0 + r0 - 1"), 1000))
+        va = b.load(x, f"1024*x0 + r0", mask=m, other=0.0)
+        if refill:
+            va = b.where(m, va, b.const(0.0, torch.float16))
+        b.store(y, y.index(i, j), b.matmul(va, b.load(w, w.index(k, j)), k))
+        return b.build()
+    with_where, without = (estimate_schedule(resolve(prog(r), {}), segments=False) for r in (True, False))
+    assert with_where.us == pytest.approx(without.us, rel=0.01)
+    assert with_where.compute_us == pytest.approx(without.compute_us, rel=0.01)
+    # a where that fills a different value than the load is real work on the vector unit
+    b = ProgramBuilder("pad_other", source="test")
+    x = b.input("x", torch.float16, (64, 1024))
+    y = b.output("y", torch.float16, (64, 1024))
+    i, k = b.dim("x0", 64), b.dim("x1", 1024)
+    m = b.lt(b.index_value("x1"), 1000)
+    b.store(y, y.index(i, k), b.where(m, b.load(x, "1024*x0 + x1", mask=m, other=0.0), b.const(1.0, torch.float16)))
+    p = b.build()
+    from vspyre.ir.schedule import address_only, is_alias
+    assert not any(is_alias(p, n) for n in range(len(p.body)))
+    assert not address_only(p) >= {n for n, op in enumerate(p.body) if getattr(op, "op", "") == "lt"}

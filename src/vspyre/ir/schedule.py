@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -70,9 +70,32 @@ def is_alias(p: Program, i: int) -> bool:
     if flags is None:
         an = p.analysis
         flags = p.__dict__["_alias_flags"] = tuple(
-            isinstance(op, Compute) and op.op in ("to", "identity") and bool(op.args) and isinstance(op.args[0], str)
-            and an.dtypes[op.args[0]] == an.dtypes[op.out] for op in p.body)
+            (isinstance(op, Compute) and op.op in ("to", "identity") and bool(op.args) and isinstance(op.args[0], str)
+             and an.dtypes[op.args[0]] == an.dtypes[op.out]) or _refills_masked_load(p, op) for op in p.body)
     return flags[i]
+
+
+def _refills_masked_load(p: Program, op: Any) -> bool:
+    """``where(m, load(.., mask=m, other=c), c)``: the masked load already filled ``c`` where ``m``
+    is false (Inductor writes this for a padded or concatenated read), so the ``where`` is the load."""
+    if not (isinstance(op, Compute) and op.op == "where" and len(op.args) == 3
+            and isinstance(op.args[0], str) and isinstance(op.args[1], str)):
+        return False
+    from .program import Constant
+    an = p.analysis
+    ld = an.producer.get(op.args[1])
+    if not isinstance(ld, Load) or ld.mask != op.args[0] or an.dtypes[ld.out] != an.dtypes[op.out]:
+        return False
+    c = op.args[2]
+    if isinstance(c, str):
+        cop = an.producer.get(c)
+        if not isinstance(cop, Constant):
+            return False
+        c = cop.value
+    try:
+        return float(c) == float(ld.other)
+    except (TypeError, ValueError):
+        return False
 
 
 def address_only(p: Program) -> frozenset[int]:
@@ -102,6 +125,8 @@ def address_only(p: Program) -> frozenset[int]:
         ok = bool(us)
         for u in us:
             if isinstance(u, Load) and u.mask == name:
+                continue
+            if _refills_masked_load(p, u) and u.args[0] == name and name not in u.args[1:]:
                 continue
             j = p.body.index(u)
             if j in out:
