@@ -172,3 +172,44 @@ def test_layer_norm_over_two_dims_is_one_program(dtype):
         torch.testing.assert_close(gt.cpu().float(), wt, atol=1e-3, rtol=3.9e-3)
     assert not any("native_batch_norm" in k for k in torch.spyre.fallback_stats())
     assert S.report()["fallback_calls"] == {}
+
+
+def test_integer_bitwise_ops_are_native_and_exact():
+    """``a & b`` on int32 once ran as an uncounted-in-the-report host fallback: now the registry's
+    bitwise ops, on the card, with integer semantics."""
+    def f(a, b):
+        return (a & b) | (a ^ 3), ~a, a << 2, b >> 1, (a > 0) & (b > 0)
+    a = torch.randint(-100, 100, (64, 33), dtype=torch.int32)
+    b = torch.randint(-100, 100, (64, 33), dtype=torch.int32)
+    torch.spyre.reset_fallback_stats()
+    out = _compile(f)(*_dev(a, b))
+    for o, r in zip(out, f(a, b)):
+        assert o.dtype == r.dtype and torch.equal(o.cpu(), r)
+    assert torch.spyre.fallback_stats() == {}
+    rep = S.compiler.report()
+    assert rep["fallback_ops"] == 0 and rep["fallback_calls"] == {}
+    assert any("bitwise" in k or "lshift" in k for k in rep["native"])
+
+
+@pytest.mark.parametrize("op,args", [("sqrt", [-1.0]), ("log", [0.0]), ("truediv", [1.0, 0.0]),
+                                     ("exp", [1000.0]), ("maximum", [1.0, float("nan")]),
+                                     ("maximum", [float("nan"), 1.0]), ("minimum", [float("nan"), 1.0]),
+                                     ("pow", [2.0, 200.0]), ("truediv", [7, 2]), ("floordiv", [-7, 2])])
+def test_constant_folding_has_the_registrys_semantics_in_fp32(op, args):
+    """Folding immediates gives what the card computes (fp32, nan/inf as torch), not Python's
+    ``math`` (which raises on sqrt(-1) or log(0)) nor fp64."""
+    from vspyre.ir.ops import OPS
+    from vspyre.standalone.kernels import _fold
+    want = OPS[op].fn(*[torch.tensor(a, dtype=torch.float32 if isinstance(a, float) else torch.int64)
+                        for a in args]).item()
+    got = _fold(op, args)
+    assert (got != got and want != want) or got == want
+
+
+def test_result_kinds_come_from_the_registry():
+    from vspyre.standalone.kernels import _result_kind
+    assert _result_kind("signbit", ["f"]) == "b"
+    assert _result_kind("logical_xor", ["i", "i"]) == "b"
+    assert _result_kind("truediv", ["i", "i"]) == "f"
+    assert _result_kind("bitwise_and", ["i", "i"]) == "i"
+    assert _result_kind("where", ["b", "i", "i"]) == "i"

@@ -522,8 +522,8 @@ def fuse_softmax_prologue(gm: fx.GraphModule):
     return fired, absorbed
 
 
-# identity-like entries (nothing to compute) and bitwise ops (integer semantics on non-bool inputs)
-_NO_PROLOGUE = {aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default} | L._BOOL_BITWISE
+# identity-like entries (nothing to compute)
+_NO_PROLOGUE = {aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default}
 
 
 def _counted(name, fn):

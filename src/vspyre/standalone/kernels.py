@@ -29,6 +29,7 @@ import torch
 from ..ir import ProgramBuilder
 from ..ir import library
 from ..ir.program import Program
+from ..ir.ops import OPS, result_dtype
 
 SOURCE = "standalone"
 TSpec = tuple  # (dtype, shape tuple, strides tuple)
@@ -87,7 +88,7 @@ class _Emitter:
             v = self.leaves[e]
             k = _kind(self.leaf_dtypes[e])
         elif head == "c":
-            v, k = e[1], ("f" if isinstance(e[1], float) else "b" if isinstance(e[1], bool) else "i")
+            v, k = e[1], _kind_of(e[1])
         elif head == "to":
             dt = e[1]
             arg = self(e[2])
@@ -102,7 +103,7 @@ class _Emitter:
             args = [self(a) for a in e[1:]]
             if all(not isinstance(a, str) for a in args):   # fold immediates
                 v = _fold(head, args)
-                k = "b" if isinstance(v, bool) else ("f" if isinstance(v, float) else "i")
+                k = _kind_of(v)
             else:
                 v = b.compute(head, *args)
                 k = _result_kind(head, [self.kind(a) for a in e[1:]])
@@ -112,37 +113,31 @@ class _Emitter:
 
     def kind(self, e: Any) -> str:
         if not isinstance(e, tuple):
-            return "b" if isinstance(e, bool) else ("f" if isinstance(e, float) else "i")
+            return _kind_of(e)
         if e not in self.kinds:
             self(e)
         return self.kinds[e]
 
 
-_BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "isnan", "isinf"}
-_FLOAT_OPS = {"truediv", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "sin",
-              "cos", "tanh", "sigmoid", "erf", "pow"}
+_KIND_DTYPE = {"f": torch.float32, "i": torch.int64, "b": torch.bool}
 
 
 def _result_kind(op: str, kinds: list[str]) -> str:
-    if op in _BOOL_OPS:
-        return "b"
-    if op in _FLOAT_OPS or "f" in kinds:
-        return "f"
-    if op == "where":
-        kinds = kinds[1:]
-    return "i" if "i" in kinds else ("b" if kinds and all(k == "b" for k in kinds) else "i")
+    """Kind of ``op``'s result: the registry's result rule (``ir.ops.result_dtype``)."""
+    return _kind(result_dtype(op, [_KIND_DTYPE[k] for k in kinds]))
 
 
 def _fold(op: str, args: list) -> Any:
-    import operator
-    table = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
-             "neg": operator.neg, "maximum": max, "minimum": min, "pow": operator.pow,
-             "sqrt": math.sqrt, "exp": math.exp, "log": math.log}
-    if op in table:
-        return table[op](*args)
-    from ..ir.ops import OPS
-    r = OPS[op].fn(*[torch.tensor(a, dtype=torch.float64) for a in args])
-    return r.item()
+    """Fold an op over immediates with the registry's own semantics, in the card's compute dtypes
+    (fp32, int64, bool): ``sqrt(-1)`` is nan, ``log(0)`` -inf, ``1/0`` inf, as on the card."""
+    if op not in OPS:
+        raise NotImplementedError(f"standalone: no registry op {op!r} to fold")
+    vals = [torch.tensor(a, dtype=_KIND_DTYPE[_kind_of(a)]) for a in args]
+    return OPS[op].fn(*vals).item()
+
+
+def _kind_of(v: Any) -> str:
+    return "b" if isinstance(v, bool) else ("f" if isinstance(v, float) else "i")
 
 
 def _store(b: ProgramBuilder, em: _Emitter, out, index, expr, dtype: torch.dtype) -> None:

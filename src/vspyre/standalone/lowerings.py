@@ -180,9 +180,7 @@ POINTWISE: dict[Any, Callable] = {
     aten.logical_not.default: lambda a: ("logical_not", a),
     aten.logical_and.default: lambda a, b: ("logical_and", a, b),
     aten.logical_or.default: lambda a, b: ("logical_or", a, b),
-    aten.bitwise_not.default: lambda a: ("logical_not", a),
-    aten.bitwise_and.Tensor: lambda a, b: ("logical_and", a, b),
-    aten.bitwise_or.Tensor: lambda a, b: ("logical_or", a, b),
+    aten.bitwise_not.default: lambda a: ("bitwise_not", a),
     aten.isnan.default: lambda a: ("isnan", a),
     aten.isinf.default: lambda a: ("isinf", a),
     aten.clone.default: lambda a, memory_format=None: a,
@@ -193,7 +191,13 @@ for _n, _o in [("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "g
     for _ov in ("Tensor", "Scalar"):
         POINTWISE[getattr(getattr(aten, _n), _ov)] = (lambda o: lambda a, b: (o, a, b))(_o)
 
-_BOOL_BITWISE = {aten.bitwise_not.default, aten.bitwise_and.Tensor, aten.bitwise_or.Tensor}
+for _n in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"):
+    for _ov in ("Tensor", "Scalar"):        # integer and bool semantics: the registry's bitwise ops
+        if hasattr(getattr(aten, _n), _ov):
+            POINTWISE[getattr(getattr(aten, _n), _ov)] = (lambda o: lambda a, b: (o, a, b))(_n)
+for _n, _o in (("__lshift__", "bitwise_left_shift"), ("__rshift__", "bitwise_right_shift")):
+    for _ov in ("Tensor", "Scalar"):
+        POINTWISE[getattr(getattr(aten, _n), _ov)] = (lambda o: lambda a, b: (o, a, b))(_o)
 
 
 _STATIC_KW = ("approximate", "rounding_mode")
@@ -208,9 +212,6 @@ def _make_pointwise(op, exprfn):
         memo = _memo(None)
 
         def run(ctx, *args, **kwargs):
-            if op in _BOOL_BITWISE and any(isinstance(a, torch.Tensor) and a.dtype != torch.bool for a in args):
-                return ctx.host_fallback(op, *args, **kwargs)
-
             def build():
                 tensors: list[torch.Tensor] = []
 
