@@ -93,6 +93,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     ok = sum(r["status"] == "ok" for r in mine)
     print(f"vspyre compare: {ok}/{len(mine)} rows ok in {time.perf_counter() - t0:.1f} s; "
           f"{args.out}/results.jsonl, results.json, report.md, report.html")
+    bad = [f"{r['model']} on {r['backend']}: {r['status']}" for r in mine if r["status"] != "ok"]
+    if bad and not args.allow_failures:
+        print("vspyre compare: rows not ok (exit 1; --allow-failures to exit 0): " + "; ".join(bad), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -139,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="start every worker as a new interpreter instead of forking it from a server "
                         "that has imported torch and transformers once (slower; for debugging)")
     p.add_argument("--retry-failed", action="store_true", help="when resuming, run rows that did not pass again")
+    p.add_argument("--allow-failures", action="store_true",
+                   help="exit 0 even when rows are not ok (by default a failed, crashed or timed-out row exits 1)")
     p.set_defaults(fn=_cmd_compare)
     p = sub.add_parser("report", help="merge compare results (JSONL/JSON) and render JSON, Markdown, HTML")
     p.add_argument("inputs", nargs="+", help="results.jsonl / results.json files (later ones win)")

@@ -194,3 +194,12 @@ def test_ray_backend_runs_rows(tmp_path):
     assert by["simple"]["status"] == "ok" and by["simple"]["wall_ms"] > 0
     assert by["crash"]["status"] == "crash"                   # a crash on a Ray worker is a row too
     assert all(schema.validate(r) == [] for r in rows)
+
+
+def test_compare_exits_nonzero_when_a_row_is_not_ok(tmp_path, capsys):
+    """A CI job must notice a failed row: exit 1 unless --allow-failures."""
+    base = ["compare", "--model", f"{TOY}:crash", "--backends", "eager-cpu", "--jobs", "1",
+            "--no-warm", "--no-recompiles", "--repeat", "1", "--out", str(tmp_path / "o")]
+    assert cli_main(base) == 1
+    assert "crash" in capsys.readouterr().err
+    assert cli_main(base + ["--allow-failures"]) == 0         # resumed: the crash row is taken as done
