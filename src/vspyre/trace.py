@@ -77,3 +77,21 @@ def listening() -> bool:
 def publish(event: Event) -> None:
     for fn in tuple(_subscribers):
         fn(event)
+
+
+def op_name(op: object) -> str:
+    """The name every report uses for an op: the dispatcher's spelling, namespace included
+    (``aten::add.Tensor``, ``aten::i0``, ``transformers::grouped_mm_fallback``); Python callables
+    as ``module.name`` (``operator.getitem``, ``torch.sym_sum``)."""
+    name = getattr(op, "name", None)
+    if callable(name) and hasattr(op, "_schema"):            # an OpOverload
+        return name()
+    qual = getattr(op, "_qualified_op_name", None)           # an OpOverloadPacket
+    if isinstance(qual, str):
+        return qual
+    base = getattr(op, "__name__", str(op))
+    mod = getattr(op, "__module__", None)
+    if mod in ("_operator", "operator"):
+        return f"operator.{base}"
+    return f"torch.{base}" if mod == "torch" else base
+

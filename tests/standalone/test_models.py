@@ -27,7 +27,7 @@ def test_gpt2_all_native_and_fused():
     assert rep["fallback_ops"] == 0
     # SDPA reaches the compiler as one op (the card picks the "overrideable" backend), lowered to
     # the flash program; the old attention fusion no longer has a decomposed graph to match
-    assert rep["native"].get("aten._scaled_dot_product_fused_attention_overrideable.default") == 2
+    assert rep["native"].get("aten::_scaled_dot_product_fused_attention_overrideable") == 2
     assert rep["fusions"].get("linear_act") == 2
     g = rep["graphs"][0]
     assert g.arena_bytes < g.unplanned_bytes          # the buffer plan reuses memory
@@ -43,5 +43,5 @@ def test_transformer_matches_cpu(name):
     rep = _check(name)
     assert rep["native_ops"] > 80
     # attention: one SDPA op lowered to the flash program, or (models that spell it out) the fusion
-    sdpa = rep["native"].get("aten._scaled_dot_product_fused_attention_overrideable.default", 0)
+    sdpa = rep["native"].get("aten::_scaled_dot_product_fused_attention_overrideable", 0)
     assert rep["fusions"].get("attention", 0) + sdpa >= 2

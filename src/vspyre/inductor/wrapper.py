@@ -18,6 +18,7 @@ from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPython
 from torch._inductor.virtualized import V
 
 from ..device import fallback as device_fallback
+from ..trace import op_name
 from .launcher import compiled_fallbacks, reset_compiled_fallbacks  # noqa: F401 (public here)
 
 log = logging.getLogger("vspyre.inductor")
@@ -26,7 +27,7 @@ log = logging.getLogger("vspyre.inductor")
 def _op_name(node: Any) -> str:
     op = getattr(node, "op_overload", None)
     if op is not None and hasattr(op, "name"):
-        return op.name()
+        return op_name(op)
     name = getattr(node, "python_kernel_name", None) or type(node).__name__
     return str(name).replace("extern_kernels.", "aten::")
 

@@ -316,7 +316,7 @@ def fuse_matmul_epilogue(gm: fx.GraphModule):
         out_shape = _shape(last) if _shape(last) != mm_shape else None
         _replace(gm, last, fused_matmul, [a, b] + extras,
                  {"epilogue": epi, "mm_shape": mm_shape, "out_shape": out_shape, "name": "_".join(
-                     [_opn(mm).split(".")[1]] + [{"linear_act": "act", "residual_add": "residual"}[n]
+                     [_opn(mm).split("::")[-1].split(".")[0]] + [{"linear_act": "act", "residual_add": "residual"}[n]
                                                  for n in names])},
                  last.meta["val"])
         for n in names:

@@ -26,6 +26,7 @@ import torch
 
 from . import kernels as K
 from .kernels import spec
+from ..trace import op_name
 
 aten = torch.ops.aten
 
@@ -43,13 +44,7 @@ TABLE: dict[Any, Lowering] = {}
 
 
 def _opname(op: Any) -> str:
-    if isinstance(op, torch._ops.OpOverload):
-        return f"aten.{op._schema.name.split('::')[1]}.{op._overloadname}"
-    name = getattr(op, "__name__", str(op))
-    mod = getattr(op, "__module__", None)
-    if mod in ("_operator", "operator"):
-        return f"operator.{name}"
-    return f"torch.{name}" if mod == "torch" else name
+    return op_name(op)
 
 
 def register(ops, kind: str = "kernel", doc: str = "", applies: Callable[[Any], bool] | None = None):
@@ -205,7 +200,7 @@ _DROP_KW = ("dtype", "layout", "device", "pin_memory", "memory_format", "non_blo
 
 
 def _make_pointwise(op, exprfn):
-    name = _opname(op).split(".")[1]
+    name = _opname(op).split("::")[-1].split(".")[0]
 
     def make(node):
         odt = _meta_dtype(node)
