@@ -38,7 +38,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(PIP) torch==2.13.0 "setuptools>=68" wheel ninja
-	$(PIP) --no-build-isolation -e ".[test,models,plots]"
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PIP) --no-build-isolation -e ".[test,models,plots]"
 	touch $(STAMP)
 
 clean:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import tomllib
@@ -36,6 +37,21 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 NUMERICS = ("dl16", "ieee")
+
+
+# The dtypes the card holds: the one list. The C++ allocator gets it from here at start-up; the
+# device interface, both compilers, the host fallback and the conformance sweep read it.
+@functools.cache
+def card_dtypes() -> tuple:
+    """The dtypes the card holds, as torch dtypes (torch is imported lazily: this module stays light)."""
+    import torch
+    return (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64,
+            torch.uint8, torch.bool)
+
+
+def dtype_names(dtypes: tuple | None = None) -> str:
+    """``float16, bfloat16, ...``: how errors list the card's dtypes."""
+    return ", ".join(str(d).removeprefix("torch.") for d in (dtypes or card_dtypes()))
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils import _pytree as pytree
 
+from .. import hardware
+
 MODES = ("eager", "compiled", "standalone")
 VERDICTS = ("pass", "fallback", "unsupported", "mismatch", "crash", "xfail")
 XFAILS_PATH = Path(__file__).with_name("xfails.toml")
@@ -209,16 +211,13 @@ def _time_limit(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-_UNSUPPORTED_DTYPES = (torch.float64, torch.complex32, torch.complex64, torch.complex128)
-
-
 def _leaves(sample) -> list:
     return pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
 
 
 def _unsupported_dtype(sample) -> torch.dtype | None:
     for leaf in _leaves(sample):
-        if isinstance(leaf, torch.Tensor) and leaf.dtype in _UNSUPPORTED_DTYPES:
+        if isinstance(leaf, torch.Tensor) and leaf.dtype not in hardware.card_dtypes():
             return leaf.dtype
     return None
 

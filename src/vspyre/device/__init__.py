@@ -27,6 +27,7 @@ def register() -> None:
     if _registered:
         return
     cfg = hardware.get_config()
+    _C._set_card_dtypes(list(hardware.card_dtypes()))
     _C._set_num_cards(cfg.num_cards)
     _apply_config(cfg)
     hardware.on_change(_apply_config)

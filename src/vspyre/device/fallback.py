@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .. import trace
+from .. import hardware, trace
 from . import _C
 
 MODES = ("allow", "warn", "strict")
@@ -383,9 +383,9 @@ def _to_device(out: Any, host_of: dict[int, tuple[torch.Tensor, torch.Tensor]], 
                     view.set_(dev.untyped_storage(), byte_off // x.element_size() + x.storage_offset(),
                               x.size(), x.stride())
                     return view
-        if x.dtype in (torch.float64, torch.complex64, torch.complex128):
+        if x.dtype not in hardware.card_dtypes():
             raise TypeError(f"spyre: {name} produced a {x.dtype} result, a dtype the card does not "
-                            f"support; compute in float32 instead")
+                            f"support (supported: {hardware.dtype_names()}); compute in float32 instead")
         return x.to(target)
 
     return _map(back, out)

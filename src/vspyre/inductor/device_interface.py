@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch._dynamo.device_interface import DeviceInterface
 
+from .. import hardware
+
 
 class SpyreInterface(DeviceInterface):
     device = torch.spyre.device          # type: ignore[assignment]
@@ -75,7 +77,7 @@ class SpyreInterface(DeviceInterface):
 
     @classmethod
     def is_dtype_supported(cls, dtype: torch.dtype, including_emulation: bool = False) -> bool:
-        return dtype not in (torch.float64, torch.complex32, torch.complex64, torch.complex128)
+        return dtype in hardware.card_dtypes()
 
     @staticmethod
     def is_triton_capable(device: torch.types.Device = None) -> bool:

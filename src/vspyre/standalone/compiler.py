@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .. import runtime
+from .. import hardware, runtime
 from ..device import fallback as dev_fallback
 from . import lowerings as L
 from . import passes
@@ -235,9 +235,6 @@ def _node_kind(n: fx.Node) -> str:
     return low.kind
 
 
-# The dtypes the card holds (the device refuses others when it allocates: float64, complex...).
-CARD_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int16, torch.int32,
-                         torch.int64, torch.uint8, torch.bool})
 
 
 def check_dtypes(gm: fx.GraphModule) -> None:
@@ -252,12 +249,12 @@ def check_dtypes(gm: fx.GraphModule) -> None:
             continue
         v = n.meta.get("val")
         for t in (v if isinstance(v, (list, tuple)) else (v,)):
-            if isinstance(t, torch.Tensor) and t.device.type == "spyre" and t.dtype not in CARD_DTYPES:
+            if isinstance(t, torch.Tensor) and t.device.type == "spyre" and t.dtype not in hardware.card_dtypes():
                 what = L._opname(n.target) if n.op == "call_function" else f"input {n.target}"
                 raise TypeError(
                     f"spyre_standalone: unsupported: {what} produces a {str(t.dtype).removeprefix('torch.')} "
                     f"tensor of shape {list(t.shape)}, a dtype the card does not support (supported: "
-                    f"float16, bfloat16, float32, int8, int16, int32, int64, uint8, bool)")
+                    f"{hardware.dtype_names()})")
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = None) -> Callable:

@@ -28,13 +28,13 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <sstream>
 #include <unordered_map>
-#include <vector>
 
 namespace vspyre {
 
@@ -379,6 +379,15 @@ static bool g_hooks_registered = register_hooks();
 // The name a Python user knows a dtype by (torch.float64, not "Double").
 static std::string torch_dtype_name(c10::ScalarType dt) {
   switch (dt) {
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kFloat: return "torch.float32";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
     case at::kDouble: return "torch.float64";
     case at::kComplexHalf: return "torch.complex32";
     case at::kComplexFloat: return "torch.complex64";
@@ -392,17 +401,29 @@ static std::string torch_dtype_name(c10::ScalarType dt) {
   }
 }
 
+// The dtypes the card holds: set once from Python (vspyre.hardware.card_dtypes(), the one list),
+// never retyped here.
+static std::vector<c10::ScalarType> g_card_dtypes;
+static std::mutex g_card_dtypes_mutex;
+
+void set_card_dtypes(const std::vector<c10::ScalarType>& dts) {
+  std::lock_guard<std::mutex> lock(g_card_dtypes_mutex);
+  g_card_dtypes = dts;
+}
+
 static void check_dtype(c10::ScalarType dt, const char* op) {
-  switch (dt) {
-    case at::kHalf: case at::kBFloat16: case at::kFloat:
-    case at::kChar: case at::kShort: case at::kInt: case at::kLong:
-    case at::kByte: case at::kBool:
-      return;
-    default:
-      TORCH_CHECK_TYPE(false, "spyre: ", op, ": dtype ", torch_dtype_name(dt),
-          " is not supported by the card (supported: float16, bfloat16, float32, int8, int16, "
-          "int32, int64, uint8, bool). Convert on the host first, e.g. t.to(torch.float32).");
+  std::lock_guard<std::mutex> lock(g_card_dtypes_mutex);
+  TORCH_CHECK(!g_card_dtypes.empty(), "spyre: ", op, ": the card's dtypes were not set (import vspyre)");
+  for (auto d : g_card_dtypes)
+    if (d == dt) return;
+  std::string names;
+  for (auto d : g_card_dtypes) {
+    if (!names.empty()) names += ", ";
+    names += torch_dtype_name(d).substr(6);   // drop "torch."
   }
+  TORCH_CHECK_TYPE(false, "spyre: ", op, ": dtype ", torch_dtype_name(dt),
+      " is not supported by the card (supported: ", names,
+      "). Convert on the host first, e.g. t.to(torch.float32).");
 }
 
 // A CPU tensor over the same bytes as a spyre tensor: same storage span, offset, sizes,
@@ -634,6 +655,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_num_cards", [] { return vspyre::g_num_cards.load(); });
   m.def("_set_fused_attention", [](bool on) { return vspyre::g_fused_attention.exchange(on); },
         "whether scaled_dot_product_attention on the card takes the fused (flash) path; returns the old value");
+  m.def("_set_card_dtypes", &vspyre::set_card_dtypes, "the dtypes the card holds (vspyre.hardware.card_dtypes())");
   m.def("_set_capacity", [](int dev, int64_t bytes) { vspyre::g_allocator.set_capacity(dev, bytes); });
   m.def("_memory_stats", [](int dev) { return vspyre::stats_dict(dev); });
   m.def("_reset_peak", [](int dev) { vspyre::g_allocator.reset_peak(dev); });
