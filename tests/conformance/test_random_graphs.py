@@ -1,6 +1,6 @@
 """Random small programs (issue #7): pointwise, reduction, view, indexing and matmul ops on random
-shapes (odd sizes that do not fill a 128-byte stick included), compiled on the card (default
-Inductor backend) vs eager on the CPU.
+shapes (odd sizes that do not fill a 128-byte stick included), compiled on the card by both
+compilers (the default Inductor backend and the standalone compiler) vs eager on the CPU.
 
 A program is a list of steps ``(op, param)`` applied to a running tensor ``x``; matmul steps take
 a weight input. Hypothesis shrinks a failing program to a short list of steps, which is printed
@@ -143,22 +143,27 @@ def _inputs(start, wspecs, seed):
     return x, weights
 
 
-def check_program(start, steps, wspecs, seed):
+BACKENDS = ("inductor", "spyre_standalone")
+
+
+def check_program(start, steps, wspecs, seed, backend="inductor"):
     x, weights = _inputs(start, wspecs, seed)
     expected = run_program(x, weights, steps)
     torch._dynamo.reset()
-    fn = torch.compile(lambda x, ws: run_program(x, ws, steps), dynamic=False)
+    fn = torch.compile(lambda x, ws: run_program(x, ws, steps), backend=backend, dynamic=False)
     actual = fn(x.to("spyre"), [w.to("spyre") for w in weights])
     assert actual.device.type == "spyre"
-    torch.testing.assert_close(actual.cpu(), expected, rtol=RTOL, atol=ATOL, check_stride=False)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=RTOL, atol=ATOL, check_stride=False,
+                               msg=lambda m: f"{backend}: {steps} on {start}: {m}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(programs())
-def test_random_program_compiled_matches_cpu(prog):
+@given(prog=programs())
+def test_random_program_compiled_matches_cpu(backend, prog):
     start, steps, wspecs, seed = prog
-    check_program(start, steps, wspecs, seed)
+    check_program(start, steps, wspecs, seed, backend)
 
 
 # Shrunk failures found by the test above, kept as regression tests. Each entry:
@@ -180,6 +185,7 @@ def _regression_params():
         yield pytest.param(start, steps, wspecs, seed, marks=marks)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("start,steps,wspecs,seed", list(_regression_params()))
-def test_random_program_regressions(start, steps, wspecs, seed):
-    check_program(start, steps, wspecs, seed)
+def test_random_program_regressions(start, steps, wspecs, seed, backend):
+    check_program(start, steps, wspecs, seed, backend)

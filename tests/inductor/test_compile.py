@@ -89,7 +89,7 @@ def test_generated_code_shows_tile_programs():
     f = lambda a, b: (a @ b).relu()
     a, b = torch.randn(8, 16, device="spyre"), torch.randn(16, 4, device="spyre")
     _, (code,) = run_and_get_code(torch.compile(f), a, b)
-    assert "SpyreKernel(" in code and "k.matmul(" in code and "b.relu(" in code and ".run(" in code
+    assert "TileKernel(" in code and "k.matmul(" in code and "b.relu(" in code and ".run(" in code
 
 
 @pytest.mark.parametrize("name,f,make", [

@@ -29,12 +29,18 @@ def test_freeze_rng_state_around_a_random_op_compiles():
     from torch.testing._utils import wrapper_set_seed
 
     x = torch.randn(4, 4, device="spyre")
-    for fn in (lambda t: wrapper_set_seed(torch.randn, 3, 4, device=t.device),
-               lambda t: wrapper_set_seed(F.dropout, t, 0.5, True),
-               lambda t: wrapper_set_seed(torch.Tensor.item, t[0, 0])):
+    for fn, shape in ((lambda t: wrapper_set_seed(torch.randn, 3, 4, device=t.device), (3, 4)),
+                      (lambda t: wrapper_set_seed(F.dropout, t, 0.5, True), (4, 4)),
+                      (lambda t: wrapper_set_seed(torch.Tensor.item, t[0, 0]), None)):
         for backend in ("inductor", "spyre_standalone"):
             torch._dynamo.reset()
-            torch.compile(fn, backend=backend)(x)
+            c = torch.compile(fn, backend=backend)
+            r1, r2 = c(x), c(x)
+            if shape is None:
+                assert r1 == r2 == x[0, 0].item()
+            else:   # the seed is set around the op: the same draw twice
+                assert r1.device.type == "spyre" and tuple(r1.shape) == shape
+                assert torch.equal(r1.cpu(), r2.cpu())
 
 
 def test_device_code_is_never_traced():

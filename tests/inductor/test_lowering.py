@@ -68,7 +68,7 @@ def test_conv2d_is_an_implicit_gemm(name, programs):
     assert torch.spyre.fallback_stats() == {}
     assert "extern_kernels.convolution" not in code and "k.matmul(" in code
     # one kernel: the GEMM with bias and relu as its epilogue
-    assert code.count("= SpyreKernel(") == 1 and len(programs) == 1
+    assert code.count("= TileKernel(") == 1 and len(programs) == 1
     (a_dims, b_dims, k), = _gemms(programs)
     assert k in a_dims and k in b_dims
     assert a_dims - b_dims and b_dims - a_dims   # M (output pixels) and N (output channels)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from vspyre import hardware
 from vspyre.ir import ProgramBuilder, WorkDivision, legal_divisions, resolve
 from vspyre.ir.latency import estimate_schedule
-from vspyre.runtime.latency import estimate, estimate_sizes
+from vspyre.runtime.cost import estimate, estimate_sizes
 
 from . import programs as P
 

@@ -77,11 +77,13 @@ def test_matmul_tiled_k_accumulates():
 def test_matmul_with_empty_rows():
     """M == 0 (mm of a [0, K] matrix): the result keeps its 0 rows instead of the broadcast size 1
     of the operand that does not vary along M (the standalone compiler's mm crashed here)."""
-    prog, _ = P.matmul_bias_relu(torch.float32)
+    prog, ref = P.matmul_bias_relu(torch.float32)
     a, b, bias = torch.randn(0, 5), torch.randn(5, 10), torch.randn(10)
     for mode in ("fast", "checked"):
         out = torch.empty(0, 10)
-        runtime.launch(prog, a, b, bias, out, mode=mode)
+        facts = runtime.launch(prog, a, b, bias, out, mode=mode)
+        assert out.shape == (0, 10) and ref(a, b, bias).shape == (0, 10)
+        assert (facts is None) if mode == "fast" else (facts["peak_scratchpad_bytes"] >= 0)
 
 
 def test_softmax():

@@ -1,7 +1,7 @@
 """What compiled wrappers call: a tile program built once from its source, launched per call.
 
 The Inductor extension emits, per kernel, Python source that builds a tile program with
-``vspyre.ir.ProgramBuilder`` (readable in ``TORCH_LOGS=output_code``). :class:`SpyreKernel`
+``vspyre.ir.ProgramBuilder`` (readable in ``TORCH_LOGS=output_code``). :class:`TileKernel`
 builds it once and launches it on the runtime with the wrapper's arguments: device tensors
 (passed as flat views of their memory, since Inductor indexes buffers by element offset) and
 integer sizes.
@@ -18,7 +18,7 @@ import torch
 from .. import runtime
 from ..ir import ProgramBuilder
 
-__all__ = ["SpyreKernel", "compiled_region", "note_compiled_fallbacks", "compiled_fallbacks",
+__all__ = ["TileKernel", "compiled_region", "note_compiled_fallbacks", "compiled_fallbacks",
            "reset_compiled_fallbacks"]
 
 _lock = threading.Lock()
@@ -79,7 +79,7 @@ class _MatmulHelper:
         return self.b.matmul(operands.a, operands.b, dim)
 
 
-class SpyreKernel:
+class TileKernel:
     """One kernel of a compiled graph: its tile program and how the wrapper's arguments map to it."""
 
     def __init__(self, name: str, source: str, scalars: Sequence[str] = ()):
@@ -99,7 +99,7 @@ class SpyreKernel:
         runtime.launch(self.program, *tensors, sizes=sizes, source="inductor")
 
     def __repr__(self) -> str:
-        return f"SpyreKernel({self.name})"
+        return f"TileKernel({self.name})"
 
 
 def compiled_region(call: Any) -> Any:

@@ -49,9 +49,9 @@ class SpyreScheduling(SIMDScheduling):
         fused = "_".join(sorted({str(n.get_name()) for n in node_schedule if isinstance(n, SchedulerNode)}))[:40]
         kernel_name = f"spyre_{'red' if kernel.inside_reduction else 'poi'}_{fused}_{wrapper.next_kernel_suffix()}"
         wrapper.src_to_kernel[src_code] = kernel_name
-        wrapper.add_import_once("from vspyre.inductor.launcher import SpyreKernel")
+        wrapper.add_import_once("from vspyre.inductor.launcher import TileKernel")
         body = IndentedBuffer()
-        body.writeline(f"SpyreKernel({kernel_name!r}, '''")
+        body.writeline(f"TileKernel({kernel_name!r}, '''")
         body.splice(src_code, strip=True)
         body.writeline(f"''', scalars={kernel.scalar_args()!r})")
         origins, detailed = get_kernel_metadata(node_schedule, wrapper)

@@ -21,6 +21,7 @@ iteration space, broadcast along the others). ``analyze`` computes them and vali
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
@@ -344,24 +345,6 @@ class TilePlan:
         return None
 
 
-class functools_cached_property:  # noqa: N801 - frozen dataclasses cannot use functools.cached_property
-    def __init__(self, fn):
-        self.fn = fn
-        self.name = fn.__name__
-
-    def __get__(self, obj, cls):
-        if obj is None:
-            return self
-        key = "_cached_" + self.name
-        try:
-            return obj.__dict__[key]
-        except KeyError:
-            val = self.fn(obj)
-            obj.__dict__[key] = val
-            return val
-
-
-
 @dataclass(frozen=True, eq=False)
 class Program:
     """One kernel for the card. Immutable; identity-hashed (the runtime caches per program)."""
@@ -413,7 +396,7 @@ class Program:
         from .printer import format_program
         return format_program(self)
 
-    @functools_cached_property
+    @functools.cached_property   # writes the instance __dict__ directly: fine on a frozen dataclass
     def analysis(self) -> "Analysis":
         return analyze(self)
 

@@ -1,6 +1,6 @@
 """The runtime's front door to the latency model (``vspyre.ir.latency``), cached per bound program.
 
-    est = vspyre.runtime.latency.estimate(program, x, y)      # tensors as for launch
+    est = vspyre.runtime.cost.estimate(program, x, y)      # tensors as for launch
     est.us, est.bottleneck, est.roofline_us, est.segments
 """
 
