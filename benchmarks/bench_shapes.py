@@ -12,8 +12,9 @@ RMSNorm, prefill at seq 128, 512 and 2048, decode at batch 1, 8 and 32 against a
 Per shape and compiler (the Inductor path and the standalone compiler), on the card in fp16:
 
 * **est. us**: the latency model's estimate of one steady-state call (``torch.spyre.profile`` of
-  the second call; a weight's one-time re-layout is reported apart, under *one-time us*; the keys
-  and values of attention change between the calls, as in a model, so their re-layout counts);
+  the second call; weights are parameters, as in a model, and a weight's one-time re-layout is
+  reported apart, under *one-time us*; activations - every attention input, the first input of
+  the others - change between the calls, as in a model, so a re-layout of one counts every call);
 * **roofline us**: max(FLOPs / peak, compulsory bytes / bandwidth); **eff** = roofline / est.;
 * **DMA / compulsory**: bytes the plan moves over bytes the op must move;
 * **wall / CPU**: functional wall time of the compiled call over the same torch ops on the CPU.
@@ -219,19 +220,34 @@ class Row:
         return self.roofline_us / self.est_us if self.est_us else 0.0
 
 
+def _on_card(case: Case, args: list[torch.Tensor]) -> tuple[list[torch.Tensor], Callable[[], None]]:
+    """The inputs on the card as a model holds them: weights (every input of a linear, norm or
+    convolution but the first) are parameters, which the planner may re-lay once and keep; the
+    activations are new in every call of a model, so ``fresh()`` bumps their versions between calls
+    (a re-layout of an activation is then paid on every call, as in the model)."""
+    dargs = [a.to("spyre") for a in args]
+    attention = case.kind in ("attention", "decode_attention")
+    weights = set() if attention else set(range(1, len(args)))
+    dargs = [torch.nn.Parameter(t, requires_grad=False) if i in weights else t for i, t in enumerate(dargs)]
+
+    def fresh() -> None:
+        for i, t in enumerate(dargs):
+            if i not in weights:
+                torch.autograd.graph.increment_version(t)
+    return dargs, fresh
+
+
 def estimate(case: Case, backend: str) -> Row:
     row = Row(case.group, case.name, case.kind, backend)
     try:
         fn, args = case.make()
-        dargs = [a.to("spyre") for a in args]
+        dargs, fresh = _on_card(case, args)
         c = _compiled_fn(case, fn, backend)
         torch.spyre.reset_fallback_stats()
         with torch.no_grad(), _no_execute():
             with torch.spyre.profile() as first:
                 c(*dargs)
-            if case.kind in ("attention", "decode_attention"):
-                for t in dargs[1:3]:      # keys and values are activations: new every call in a model
-                    torch.autograd.graph.increment_version(t)   # (so the card re-lays them again)
+            fresh()
             with torch.spyre.profile() as prof:
                 c(*dargs)
         ks = [k for k in prof.kernels if k.extra.get("kind") != "relayout"]
@@ -262,11 +278,11 @@ def _median_ms(f: Callable, reps: int) -> float:
 def functional(case: Case, backend: str, row: Row, reps: int) -> None:
     try:
         fn, args = case.make()
-        dargs = [a.to("spyre") for a in args]
+        dargs, fresh = _on_card(case, args)
         c = _compiled_fn(case, fn, backend)
         with torch.no_grad():
             out = c(*dargs)                                  # warm (plans, re-lays weights once)
-            row.wall_ms = _median_ms(lambda: c(*dargs), reps)
+            row.wall_ms = _median_ms(lambda: (fresh(), c(*dargs)), reps)
             ref = fn(*args)
             row.cpu_ms = _median_ms(lambda: fn(*args), reps)
         row.max_err = float((out.cpu().float() - ref.float()).abs().max())

@@ -213,3 +213,14 @@ def test_result_kinds_come_from_the_registry():
     assert _result_kind("truediv", ["i", "i"]) == "f"
     assert _result_kind("bitwise_and", ["i", "i"]) == "i"
     assert _result_kind("where", ["b", "i", "i"]) == "i"
+
+
+def test_pointwise_output_keeps_the_strides_eager_gives():
+    """A pointwise op on a transposed view: eager (and Inductor) keep the input's layout; the
+    standalone compiler used to return a contiguous result (same values, other strides)."""
+    def f(x):
+        return (x.t() * 2 + 1).relu()
+    x = torch.randn(64, 48)
+    out = _compile(f)(*_dev(x))
+    assert out.stride() == f(x).stride() == (1, 48)
+    torch.testing.assert_close(out.cpu(), f(x))

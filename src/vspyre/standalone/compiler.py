@@ -118,9 +118,13 @@ class Ctx:
         self.device = device
         self.mode = mode
         self.slot: tuple | None = None        # (arena tensor) planned for the current node
+        self.strides: tuple | None = None     # the strides eager gives the current node's result
         self._memo: dict = {}
 
-    def alloc(self, shape: tuple, dtype: torch.dtype, fresh: bool = False) -> torch.Tensor:
+    def alloc(self, shape: tuple, dtype: torch.dtype, fresh: bool = False,
+              strides: tuple | None = None) -> torch.Tensor:
+        """The current node's result buffer: its planned arena slot, or a new tensor; contiguous,
+        or with ``strides`` (a dense permutation, as eager lays out a pointwise op's result)."""
         shape = tuple(int(s) for s in shape)
         slot, self.slot = self.slot, None
         if slot is not None and not fresh:
@@ -129,7 +133,10 @@ class Ctx:
                 n *= s
             nbytes = n * dtype.itemsize
             if nbytes <= slot.numel() and nbytes % dtype.itemsize == 0:
-                return slot[:nbytes].view(dtype).view(shape)
+                t = slot[:nbytes].view(dtype)
+                return t.as_strided(shape, strides) if strides else t.view(shape)
+        if strides:
+            return torch.empty_strided(shape, strides, dtype=dtype, device=self.device)
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def memo(self, key: Any, build: Callable) -> Any:
@@ -146,7 +153,8 @@ class Ctx:
         from . import kernels as K
         from .kernels import spec
         if out is None:
-            out = self.alloc(shape, odt)
+            st = self.strides if self.strides is not None and len(self.strides) == len(shape) else None
+            out = self.alloc(shape, odt, strides=st)
         key = ("pw", name, spec(out), tuple(spec(t) for t in tensors), expr)
         prog = self.memo(key, lambda: K.pointwise(name, spec(out), tuple(spec(t) for t in tensors), expr))
         self.launch(prog, *tensors, out)
@@ -327,7 +335,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
             fn = (lambda op: (lambda ctx, *a, **kw: ctx.host_fallback(op, *a, **kw)))(op)
         else:
             fn = L.TABLE[n.target].make(n)
-        instrs.append((i, fn, ref(tuple(n.args)), ref(dict(n.kwargs)), assign.get(n), tuple(frees.get(i, ()))))
+        instrs.append((i, fn, ref(tuple(n.args)), ref(dict(n.kwargs)), (assign.get(n), _eager_strides(n)),
+                       tuple(frees.get(i, ()))))
 
     arena: list[torch.Tensor | None] = [None] * len(sizes)
     dev_consts: dict[int, Any] = {}
@@ -348,13 +357,14 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
         def get(x):
             return env[x.i]
         with dev_fallback.context("compiled"):
-            for i, fn, a, kw, slot, free in instrs:
+            for i, fn, a, kw, (slot, strides), free in instrs:
                 if slot is not None:
                     if arena[slot] is None:
                         arena[slot] = torch.empty(sizes[slot], dtype=torch.uint8, device=device)
                     ctx.slot = arena[slot]
+                ctx.strides = strides
                 env[i] = fn(ctx, *_resolve(a, get), **_resolve(kw, get))
-                ctx.slot = None
+                ctx.slot = ctx.strides = None
                 for j in free:
                     if j not in dev_consts:
                         env[j] = None
@@ -372,6 +382,25 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
     run.report = rep
     run.graph_module = gm
     return run
+
+
+def _eager_strides(n: fx.Node) -> tuple | None:
+    """The strides eager gives ``n``'s result when they are static, dense and not contiguous (a
+    pointwise op on a transposed input keeps its layout); None otherwise (contiguous)."""
+    v = n.meta.get("val")
+    if not isinstance(v, torch.Tensor) or v.dim() < 2:
+        return None
+    shape, strides = list(v.shape), list(v.stride())
+    if not all(type(x) is int for x in shape + strides):     # symbolic: contiguous (no guard added)
+        return None
+    if strides == list(torch.empty(shape, device="meta").stride()):
+        return None
+    expect = 1
+    for d in sorted(range(len(shape)), key=lambda d: (strides[d], shape[d])):   # dense permutation
+        if shape[d] != 1 and strides[d] != expect:
+            return None
+        expect *= shape[d]
+    return tuple(strides)
 
 
 class _Ref:
