@@ -245,6 +245,36 @@ def _like(node):
     return run
 
 
+@register([aten.constant_pad_nd.default], "kernel", "fill the border, copy the interior (negative pads crop)")
+def _constant_pad(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, pad, value=0):
+        if len(pad) % 2 or len(pad) // 2 > x.dim():
+            raise ValueError(f"spyre_standalone: aten::constant_pad_nd: pad {list(pad)} does not fit a "
+                             f"{x.dim()}-d input of shape {list(x.shape)}")
+        out_shape, dst_at, src_at = list(x.shape), [], []
+        for i in range(len(pad) // 2):
+            d, lo, hi = x.dim() - 1 - i, int(pad[2 * i]), int(pad[2 * i + 1])
+            out_shape[d] = x.shape[d] + lo + hi
+            if out_shape[d] < 0:
+                raise ValueError(f"spyre_standalone: aten::constant_pad_nd: pad {list(pad)} makes dim {d} of "
+                                 f"shape {list(x.shape)} negative")
+            n = max(0, out_shape[d] - max(lo, 0) - max(hi, 0))
+            dst_at.append((d, max(lo, 0), n))
+            src_at.append((d, max(-lo, 0), n))
+        out = ctx.alloc(tuple(out_shape), odt)
+        if any(int(p) > 0 for p in pad):
+            ctx.pointwise("full", tuple(out_shape), odt, [], ("to", odt, ("c", value)), out=out)
+        dst, src = out, x
+        for (d, a, n), (_, b, _) in zip(dst_at, src_at):
+            dst, src = dst.narrow(d, a, n), src.narrow(d, b, n)
+        if dst.numel():
+            ctx.pointwise("copy", tuple(dst.shape), odt, [src], ("to", odt, ("in", 0)), out=dst)
+        return out
+    return run
+
+
 @register([aten.copy.default, aten.fill.Tensor], "kernel", "copy (broadcast, cast)")
 def _copy(node):
     odt = _meta_dtype(node)
