@@ -30,6 +30,7 @@ from torch._inductor.utils import sympy_subs
 from torch._inductor.virtualized import OpsWrapper, V, ops
 
 from ..ir.ops import OPS
+from ..ir.program import REDUCTIONS
 
 __all__ = ["SpyreKernel", "SpyreOverrides", "UnsupportedKernelOp"]
 
@@ -304,8 +305,8 @@ class SpyreKernel(SIMDKernel):
                 raise UnsupportedKernelOp("matmul over more than one reduction dim")
             line = f"k.matmul({value}, {rdims[0]!r})"
             return self.cse.generate(self.compute, line, dtype=dtype)
-        if reduction_type in ("sum", "prod", "max", "min", "argmax", "argmin", "any"):
-            out_dt = torch.int64 if reduction_type in ("argmax", "argmin") else None
+        if reduction_type in REDUCTIONS:
+            out_dt = torch.int64 if REDUCTIONS[reduction_type].result == "index" else None
             dt = f", dtype={_dt(out_dt)}" if out_dt is not None else ""
             line = f"b.reduce({reduction_type!r}, {value}, {dims}{dt})"
             return self.cse.generate(self.compute, line, dtype=out_dt or dtype)

@@ -27,7 +27,7 @@ import torch
 
 from ..hardware import HardwareConfig
 from .indexing import affine_form, compile_expr, free_names, sym
-from .program import Load, Matmul, Program, Reduce, Store, Compute
+from .program import REDUCTIONS, RING_COMBINE, Compute, Load, Matmul, Program, Reduce, Store
 
 __all__ = ["OpDef", "OPS", "Cost", "TileCtx", "Access", "access_layout", "result_dtype", "REDUCE_IMPL"]
 
@@ -442,6 +442,7 @@ def _reduce_cost(name: str):
     return cost
 
 
+assert set(REDUCE_IMPL) == set(REDUCTIONS), "ir.program.REDUCTIONS and REDUCE_IMPL must name the same reductions"
 for _r in REDUCE_IMPL:
     _register(OpDef(f"reduce.{_r}", "vector", f"{_r} over dims inside one core (fp32/int64 accumulator)",
                     _reduce_cost(_r)))
@@ -473,7 +474,7 @@ _register(OpDef("ring.softmax", "ring",
                 "combine per-core partial attention states (row max, sum of exponentials, product) over "
                 "the ring: flash-decoding when the keys are split over cores", _ring_softmax_cost))
 
-for _r in ("sum", "prod", "max", "min", "any"):
+for _r in sorted(set(RING_COMBINE.values())):
     _register(OpDef(f"ring.{_r}", "ring",
                     f"combine per-core partials with {_r}: each partial travels to the next core toward "
                     "the owner, which ends with the total; cost per transfer (hops x hop latency + bytes / "

@@ -34,7 +34,7 @@ from .indexing import free_names, sym, to_expr
 __all__ = [
     "Buffer", "Dim", "Load", "Store", "Compute", "IndexValue", "Constant", "Matmul", "Reduce",
     "RingReduce", "SoftmaxMatmul", "Split", "WorkDivision", "TilePlan", "Program", "ProgramError", "Analysis",
-    "analyze", "Op", "REDUCTIONS", "RING_COMBINE",
+    "analyze", "Op", "REDUCTIONS", "RING_COMBINE", "ReductionKind",
 ]
 
 
@@ -248,8 +248,34 @@ class SoftmaxMatmul:
     outputs = property(lambda self: (self.out,))
 
 
-REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any")
-RING_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
+@dataclass(frozen=True)
+class ReductionKind:
+    """What a reduction returns and how partial results combine over the ring; the one table of
+    reductions (their semantics and cost are ``ir.ops.REDUCE_IMPL``, keyed alike)."""
+
+    result: str              # "accumulate": fp32 for floats, int64 for integers; "extreme": fp32 for
+    #                          floats, the input's dtype otherwise; "index": int64; "bool"
+    ring: str | None         # the RingReduce that finishes it across cores (None: not split)
+
+    def dtype(self, src: torch.dtype, requested: torch.dtype | None = None) -> torch.dtype:
+        if self.result == "index":
+            return torch.int64
+        if self.result == "bool":
+            return torch.bool
+        if requested is not None:
+            return requested
+        if src.is_floating_point:
+            return torch.float32
+        return torch.int64 if self.result == "accumulate" else src
+
+
+REDUCTIONS: dict[str, ReductionKind] = {
+    "sum": ReductionKind("accumulate", "sum"), "prod": ReductionKind("accumulate", "prod"),
+    "max": ReductionKind("extreme", "max"), "min": ReductionKind("extreme", "min"),
+    "any": ReductionKind("bool", "any"),
+    "argmax": ReductionKind("index", None), "argmin": ReductionKind("index", None),
+}
+RING_COMBINE = {k: r.ring for k, r in REDUCTIONS.items() if r.ring}
 
 
 @dataclass(frozen=True)
@@ -533,20 +559,14 @@ def analyze(p: Program) -> Analysis:
             a_pend = a_pend | {op.dim}
         elif isinstance(op, Reduce):
             if op.op not in REDUCTIONS:
-                raise _err(p, i, op, f"unknown reduction {op.op!r}; one of {REDUCTIONS}")
+                raise _err(p, i, op, f"unknown reduction {op.op!r}; one of {tuple(REDUCTIONS)}")
             for dn in op.dims:
                 if dn not in dimset:
                     raise _err(p, i, op, f"no dim {dn!r}")
-            if op.op in ("argmax", "argmin") and len(op.dims) != 1:
+            kind = REDUCTIONS[op.op]
+            if kind.result == "index" and len(op.dims) != 1:
                 raise _err(p, i, op, f"{op.op} reduces exactly one dim")
-            src = dtypes[op.value]
-            if op.op in ("argmax", "argmin"):
-                dt = torch.int64
-            elif op.op == "any":
-                dt = torch.bool
-            else:
-                dt = op.dtype or (torch.float32 if src.is_floating_point else
-                                  (torch.int64 if op.op in ("sum", "prod") else src))
+            dt = kind.dtype(dtypes[op.value], op.dtype)
             reduced.update(op.dims)
             res = {op.out: (dims[op.value] - set(op.dims), dt)}
             a_after = a_after | set(op.dims)

@@ -28,7 +28,7 @@ import torch
 
 from ..ir import ProgramBuilder
 from ..ir import library
-from ..ir.program import Program
+from ..ir.program import REDUCTIONS, Program
 from ..ir.ops import OPS, result_dtype
 
 SOURCE = "standalone"
@@ -235,7 +235,8 @@ def reduction(op: str, x: TSpec, rdims: tuple[int, ...], out: TSpec, keepdim: bo
                 oidx.append(0)
         else:
             oidx.append(dims[d])
-    if _kind(odt) != ("i" if op in ("argmax", "argmin") else _kind(xdt)) or op == "mean" and _kind(odt) != "f":
+    index = op in REDUCTIONS and REDUCTIONS[op].result == "index"
+    if _kind(odt) != ("i" if index else _kind(xdt)) or op == "mean" and _kind(odt) != "f":
         r = b.to(r, odt)
     b.store(ob, _index(list(ostr), oidx), r)
     return b.build()
