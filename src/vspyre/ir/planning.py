@@ -43,7 +43,7 @@ from .latency import estimate_schedule
 from .ops import Access, access_layout, relayout_candidates
 from .program import Program, ProgramError, Split, TilePlan, WorkDivision, _bind
 from .schedule import (Schedule, ScheduleError, bind_sizes, build_schedule, check_division, chunk_of, live_bytes,
-                       persistent_dims, scratchpad_overflow, stick_dims, tile_ranges, value_tile_bytes)
+                       persistent_dims, scratchpad_overflow, stick_dims)
 
 __all__ = ["resolve", "legal_divisions", "pick_division", "size_tiles", "Schedule", "ScheduleError",
            "plan_stats"]
@@ -471,10 +471,6 @@ def size_tiles(p: Program, core_ext: Mapping[str, int], sticks: Mapping[str, int
     if double_buffer or res[False] is None or math.prod(res[True].values()) * 4 >= math.prod(res[False].values()):
         return res[True], True
     return res[False], False
-
-
-def value_bytes(*args, **kwargs) -> int:  # pragma: no cover - re-export for tools
-    return value_tile_bytes(*args, **kwargs)
 
 
 def iter_candidates(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = None) -> Iterator[Schedule]:

@@ -20,11 +20,10 @@ iteration space, broadcast along the others). ``analyze`` computes them and vali
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Mapping, Union
 
 import sympy
 import torch
@@ -348,12 +347,6 @@ class WorkDivision:
             n *= s.parts
         return n
 
-    def split_of(self, dim: str) -> Split | None:
-        for s in self.splits:
-            if s.dim == dim:
-                return s
-        return None
-
 
 @dataclass(frozen=True)
 class TilePlan:
@@ -413,10 +406,6 @@ class Program:
                 names |= free_names(d.size)
         return tuple(sorted(names))
 
-    def with_schedule(self, division: WorkDivision | None = None, tiles: TilePlan | None = None,
-                      **changes: Any) -> "Program":
-        return dataclasses.replace(self, division=division if division is not None else self.division,
-                                   tiles=tiles if tiles is not None else self.tiles, **changes)
 
     def __str__(self) -> str:
         from .printer import format_program
@@ -607,6 +596,3 @@ def analyze(p: Program) -> Analysis:
                     frozenset(reduced), frozenset(ringed), pending_ring, store_pending)
 
 
-def iter_ops(p: Program, kinds: Iterable[type]) -> Iterable[tuple[int, Op]]:
-    kinds = tuple(kinds)
-    return ((i, op) for i, op in enumerate(p.body) if isinstance(op, kinds))

@@ -197,15 +197,6 @@ def value_tile_bytes(shape_per_dim: list[int], value_dims: frozenset[str], dims:
     return outer * math.ceil(inner * itemsize / cfg.stick_bytes) * cfg.stick_bytes
 
 
-def innermost_loop_dim(p: Program, order: tuple[str, ...], multi: frozenset[str]) -> str | None:
-    """The dim of the innermost loop level that has more than one tile on a core."""
-    inner = [d for d in p.dim_names if d in p.analysis.reduced_dims]
-    for d in reversed(tuple(order) + tuple(inner)):
-        if d in multi:
-            return d
-    return None
-
-
 class _LiveInfo:
     """What :func:`live_bytes` needs of a program, computed once (the planner calls it a lot)."""
 

@@ -40,12 +40,6 @@ class LaunchError(ValueError):
     """The tensors given to a launch do not match the program's buffers."""
 
 
-def _host_dtype(dt: torch.dtype) -> torch.dtype:
-    if dt == torch.bool:
-        return torch.bool
-    return torch.float32 if dt.is_floating_point else torch.int64
-
-
 def _to_host_value(v: torch.Tensor, clone: bool) -> torch.Tensor:
     if v.dtype == torch.float32 or v.dtype == torch.int64 or v.dtype == torch.bool:
         return v.clone() if clone else v
@@ -273,7 +267,6 @@ def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> lis
                 vshape = [n if coefs.get(d) else 1 for d, n in zip(names, box)]
                 vstr = [coefs.get(d, 0) for d in names]
             fn = compile_expr(expr)
-            idx_dims = [k for k, d in enumerate(names) if d in free_names(expr)]
 
             def index_of(env, fn=fn, indirect=indirect):
                 E = dict(ar)

@@ -81,7 +81,6 @@ def _reshape(ctx, t, shape):
 @L.register(fused_matmul, "fused", "matmul with a fused epilogue (bias, activation, residual add)")
 def _fused_matmul(node):
     odt = node.meta["val"].dtype
-    kw = node.kwargs
 
     def run(ctx, a, b, *extras, epilogue, mm_shape, out_shape=None, name="matmul"):
         ex = [(_reshape(ctx, e, mm_shape) if tuple(e.shape) == tuple(out_shape or ()) and out_shape is not None
@@ -524,18 +523,6 @@ def fuse_softmax_prologue(gm: fx.GraphModule):
 
 # identity-like entries (nothing to compute)
 _NO_PROLOGUE = {aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default}
-
-
-def _counted(name, fn):
-    def run(gm):
-        r, absorbed = fn(gm)
-        return (r if isinstance(r, int) else sum(r.values())), absorbed
-    return run
-
-
-def _split(fn):
-    """Patterns that fire under several names report each; the pass list gets (name, fn) pairs."""
-    return fn
 
 
 PATTERNS: list = [

@@ -85,7 +85,6 @@ def fold_constants(gm: fx.GraphModule) -> int:
         if not isinstance(v, torch.Tensor) or v.numel() > _FOLD_LIMIT or \
                 not all(isinstance(s, int) for s in v.shape):
             continue
-        device = v.device
 
         def host(x):
             if isinstance(x, fx.Node):
