@@ -26,6 +26,7 @@ import torch
 
 from . import kernels as K
 from .kernels import spec
+from ..ir.ops import OPS
 from ..trace import op_name
 
 aten = torch.ops.aten
@@ -282,7 +283,28 @@ def _copy(node):
         "copy", tuple(dst.shape), odt, [src], ("to", odt, ("in", 0)))
 
 
-for _op, _fn in POINTWISE.items():
+def _registry_pointwise() -> dict:
+    """Every vector op of the registry (``ir.ops``) whose ATen namesake takes exactly its operands
+    (tensors or scalars, a tensor first) and returns one tensor: a pointwise lowering for free, so
+    a new op is one registry line on both compilers (``asinh``, ``hypot``, ``copysign`` come this way)."""
+    out = {}
+    for name, d in OPS.items():
+        packet = getattr(aten, name, None)
+        if d.unit != "vector" or d.fn is None or d.arity is None or packet is None:
+            continue
+        for ov in ("default", "Tensor", "Scalar"):
+            op = getattr(packet, ov, None)
+            if op is None or op in POINTWISE:
+                continue
+            args, rets = op._schema.arguments, op._schema.returns
+            if (len(args) == d.arity and len(rets) == 1 and str(rets[0].type) == "Tensor"
+                    and str(args[0].type) == "Tensor" and all(str(a.type) in ("Tensor", "number") for a in args)):
+                out[op] = (lambda n: lambda *a: (n, *a))(name)
+    return out
+
+
+REGISTRY_POINTWISE = _registry_pointwise()
+for _op, _fn in {**POINTWISE, **REGISTRY_POINTWISE}.items():
     register(_op, "kernel", "pointwise")(_make_pointwise(_op, _fn))
 
 
