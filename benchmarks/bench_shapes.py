@@ -351,6 +351,11 @@ def main() -> int:
     ap.add_argument("--hw", default=None, help="hardware preset (default: the active one, VSPYRE_HW)")
     ap.add_argument("--backends", default=",".join(BACKENDS))
     args = ap.parse_args()
+    # Weights are parameters, and Dynamo keeps a parameter's shape static: one graph per distinct
+    # weight shape (~20 here) of the same lambda. Past the recompile limit Dynamo would run the call
+    # eagerly (host fallbacks, no kernels): raise it, and fail loudly if it is ever reached.
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
