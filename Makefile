@@ -1,13 +1,22 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv on first use
-# and installs vspyre (with its C++ part) against torch 2.13.0 CPU, pinned in constraints.txt.
-# A second `make` reinstalls only when the build inputs changed (the .installed stamp).
+# and installs vspyre (with its C++ part) against torch 2.13.0 CPU, pinned in
+# constraints/torch-2.13.0.txt. A second `make` reinstalls only when the build inputs changed (the
+# .installed stamp).
+#
+# Other PyTorch releases: `make test TORCH=2.15.0` (or 2.14.1) uses its own environment,
+# .venv-2.15.0, pinned by constraints/torch-2.15.0.txt, so switching releases reinstalls nothing.
+# 2.14.1 lies on this machine's disk; 2.15.0 comes from the registry (a ~3 GB CUDA build that runs
+# on the CPU), past the machine's pip cap on torch (PIP_CONFIG_FILE=/dev/null for that one).
 
 PY ?= python3.11
-VENV := .venv
+TORCH ?= 2.13.0
+VENV := $(if $(filter 2.13.0,$(TORCH)),.venv,.venv-$(TORCH))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
-BUILD_INPUTS := pyproject.toml setup.py constraints.txt $(wildcard src/vspyre/device/csrc/*.cpp)
+PINS := constraints/torch-$(TORCH).txt
+PIPCFG := $(if $(filter 2.13.% 2.14.%,$(TORCH)),,PIP_CONFIG_FILE=/dev/null)
+PIP := $(PIPCFG) $(BIN)/pip install --disable-pip-version-check -q -c $(PINS)
+BUILD_INPUTS := pyproject.toml setup.py $(PINS) src/vspyre/device/_extname.py $(wildcard src/vspyre/device/csrc/*.cpp)
 PYTEST_ARGS ?=
 
 .PHONY: demo test bench conformance install clean
@@ -30,17 +39,18 @@ bench: $(STAMP)
 # (CONFORMANCE_ARGS=--fresh to start over) and writes docs/op-coverage.md.
 CONFORMANCE_ARGS ?=
 conformance: $(STAMP)
-	$(BIN)/python -m vspyre.conformance --results build/conformance-results.jsonl --doc docs/op-coverage.md $(CONFORMANCE_ARGS)
+	$(BIN)/python -m vspyre.conformance --results build/conformance-results-$(TORCH).jsonl --doc docs/op-coverage.md $(CONFORMANCE_ARGS)
 
 install: $(STAMP)
 
 $(BIN)/python:
+	@test -f $(PINS) || { echo "make: no pin file $(PINS): supported releases are $$(ls constraints | sed 's/torch-//; s/.txt//' | tr '\n' ' ')"; exit 2; }
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
-	$(PIP) torch==2.13.0 "setuptools>=68" wheel ninja
+	$(PIP) torch==$(TORCH) "setuptools>=68" wheel ninja
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PIP) --no-build-isolation -e ".[test,models,plots]"
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/vspyre/device/*.so
+	rm -rf .venv .venv-* build src/*.egg-info src/vspyre/device/*.so

@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     from . import report
     from .sweep import load_expectations, load_op_db, read_results, select_ops, sweep, unexpected
 
-    torch._dynamo.config.cache_size_limit = 64
+    from ..compat import dynamo_config
+    dynamo_config.cache_size_limit = 64
     if not a.report_only:
         out = a.results[0]
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import hardware
+from ..compat import dynamo_reset
 
 MODES = ("eager", "compiled", "standalone")
 VERDICTS = ("pass", "fallback", "unsupported", "mismatch", "crash", "xfail")
@@ -363,7 +364,7 @@ def run_op(op, dtype: torch.dtype, mode: str, *, max_samples: int, timeout: floa
     details: list[str] = []
     t0 = time.perf_counter()
     if mode != "eager":
-        torch._dynamo.reset()
+        dynamo_reset()
         reset_compiled_fallbacks()
     if mode == "standalone":
         from vspyre import standalone

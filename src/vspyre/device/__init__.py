@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import hardware
-from . import _C
+from ._ext import _C
 from . import fallback
 
 _registered = False
@@ -35,7 +35,8 @@ def register() -> None:
 
     torch.utils.rename_privateuse1_backend("spyre")
     from . import module as spyre_module
-    torch._register_device_module("spyre", spyre_module)
+    from ..compat import register_device_module
+    register_device_module("spyre", spyre_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     global _fallback_lib
@@ -53,7 +54,7 @@ def _patch_tensor_printing() -> None:
     does not have; formatting the host copy gives the same text (the device suffix is added by
     torch as usual) and runs no device ops.
     """
-    import torch._tensor_str as ts
+    from ..compat import tensor_str as ts
 
     orig = ts._tensor_str
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from .. import hardware, trace
-from . import _C
+from ._ext import _C
 
 MODES = ("allow", "warn", "strict")
 
@@ -436,6 +436,26 @@ def register_overrideable_kernels() -> None:
 
     lib.impl("native_layer_norm", whole(aten.native_layer_norm.default), "PrivateUse1")
     lib.impl("native_group_norm", whole(aten.native_group_norm.default), "PrivateUse1")
+
+    # quantile/nanquantile: ATen's composite sorts in float64 on the input's device since torch
+    # 2.14, a dtype the card cannot hold. Each runs whole on the host (one counted fallback) and
+    # returns the CPU's result in the input's dtype.
+    def whole_kw(op):
+        def run(*args, **kwargs):
+            t = [a for a in args if isinstance(a, torch.Tensor)]
+            if any(type(a) not in (torch.Tensor, torch.nn.Parameter) for a in t):
+                # traced (fake tensors): one opaque node shaped like ATen's result, which the
+                # compilers keep as a host-fallback node (run eagerly, it lands here again)
+                out = op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+                return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=t[0].device)
+            return _host_fallback(op, *args, **kwargs)
+        return run
+
+    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    for name in ("quantile", "nanquantile") if release >= (2, 14) else ():
+        for ov in ("default", "scalar"):
+            lib.impl(f"{name}.{ov}" if ov != "default" else name, whole_kw(getattr(getattr(aten, name), ov)),
+                     "PrivateUse1")
 
     # Attention: scaled_dot_product_attention on the card picks the "overrideable" backend (the C++
     # part registers the choice), so that compiled graphs keep it as one node the compilers lower

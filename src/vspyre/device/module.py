@@ -15,7 +15,8 @@ from typing import Any, Iterator
 import torch
 
 from .. import hardware, numerics as _numerics
-from . import _C, fallback as _fallback
+from . import fallback as _fallback
+from ._ext import _C
 
 __all__ = [
     "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",

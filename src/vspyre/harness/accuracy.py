@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from torch._dynamo.utils import same
+from ..compat import dynamo_same as same
 
 _quiet = logging.getLogger("vspyre.accuracy.quiet")
 _quiet.addHandler(logging.NullHandler())

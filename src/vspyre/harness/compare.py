@@ -77,6 +77,20 @@ def intra_op_threads(opts: Options) -> int:
 
 
 def torch_version() -> str:
+    """``torch.__version__`` as the workers record it (``2.15.0+cu132``, not the package
+    metadata's ``2.15.0``: resuming matches rows on it), read without importing torch."""
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return "?"
+    try:
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
+        text = ""
+    m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    if m:
+        return m.group(1)
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:

@@ -38,7 +38,7 @@ def _rss_bytes() -> int:
 
 
 def _compile_stage_error(e: BaseException) -> bool:
-    import torch._dynamo.exc as exc
+    from ..compat import dynamo_exc as exc
 
     compile_types = tuple(t for t in (getattr(exc, n, None) for n in (
         "BackendCompilerFailed", "Unsupported", "InternalTorchDynamoError", "TorchRuntimeError",
@@ -48,7 +48,7 @@ def _compile_stage_error(e: BaseException) -> bool:
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
-    from torch._dynamo.utils import counters
+    from ..compat import dynamo_counters as counters
 
     import vspyre
 

@@ -33,7 +33,7 @@ def register_device_interface() -> None:
         if "interface" in _done:
             return
         _done.add("interface")
-        from torch._dynamo.device_interface import register_interface_for_device
+        from ..compat import register_interface_for_device
 
         from .device_interface import SpyreInterface
 
@@ -53,7 +53,7 @@ def skip_device_code() -> None:
         if "skip" in _done:
             return
         _done.add("skip")
-        from torch._dynamo import trace_rules
+        from ..compat import trace_rules
 
         trace_rules.add("vspyre.device")
 
@@ -76,7 +76,7 @@ def register() -> None:
             return
         _done.add("inductor")
         register_device_interface()
-        from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
+        from ..compat import register_backend_for_device, register_device_op_overrides
 
         from . import lowering
         from .device_op_overrides import SpyreDeviceOpOverrides

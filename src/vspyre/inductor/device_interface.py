@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._dynamo.device_interface import DeviceInterface
 
 from .. import hardware
+from ..compat import DeviceInterface
 
 
 class SpyreInterface(DeviceInterface):

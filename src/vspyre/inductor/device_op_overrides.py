@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch._inductor.codegen.common import DeviceOpOverrides
+from ..compat import DeviceOpOverrides
 
 
 class SpyreDeviceOpOverrides(DeviceOpOverrides):

@@ -24,11 +24,9 @@ from typing import Any
 
 import sympy
 import torch
-from torch._inductor.codegen.common import CSEProxy, CSEVariable, DeferredLine, IndentedBuffer, Kernel, OpOverrides
-from torch._inductor.codegen.simd import IterationRangesEntry, SIMDKernel
-from torch._inductor.utils import sympy_subs
-from torch._inductor.virtualized import OpsWrapper, V, ops
 
+from ..compat import (CSEProxy, CSEVariable, DeferredLine, IndentedBuffer, IterationRangesEntry, Kernel,
+                      OpOverrides, OpsWrapper, SIMDKernel, V, ops, sympy_subs)
 from ..ir.ops import OPS
 from ..ir.program import REDUCTIONS
 
@@ -146,7 +144,7 @@ def has_tile_form(op: str) -> bool:
 
 def _install_vector_ops() -> None:
     """Every op Inductor's handlers know is a card op, or an error naming it: never invalid code."""
-    from torch._inductor.ops_handler import OpsHandler
+    from ..compat import OpsHandler
 
     def card(op: str):
         return staticmethod(lambda *args: f"b.{op}({', '.join(str(x) for x in args)})")

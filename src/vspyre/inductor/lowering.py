@@ -33,6 +33,8 @@ from typing import Any, Callable
 import sympy
 import torch
 
+from .. import compat
+
 _MATMUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.uint8)
 _CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCAN_MAX = 4096  # longest dim cumsum/cumprod lower as a masked reduction (quadratic work)
@@ -60,9 +62,8 @@ def _static_ints(values: Any) -> list[int] | None:
 def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
                   transposed: bool, output_padding: Any, groups: int) -> Any | None:
     """conv1d/conv2d as a native matmul, or None (the caller then uses Inductor's own lowering)."""
-    from torch._inductor import ir
-    from torch._inductor.lowering import lowerings as L, range_mask
-    from torch._inductor.virtualized import ops
+    from ..compat import inductor_ir as ir, inductor_lowering, ops
+    L, range_mask = inductor_lowering.lowerings, inductor_lowering.range_mask
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
     aten = torch.ops.aten
@@ -133,7 +134,7 @@ def _conv_as_gemm(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dil
 
 
 def _register_convolution() -> None:
-    from torch._inductor.lowering import lowerings
+    lowerings = compat.get("inductor_lowering").lowerings
 
     aten = torch.ops.aten
     for key in (aten.convolution, aten.convolution.default):
@@ -152,7 +153,7 @@ def _register_convolution() -> None:
         lowerings[key] = convolution
 
     # Channels-last layout optimisation would put copies around every conv of the card.
-    from torch._inductor.graph import GraphLowering
+    from ..compat import GraphLowering
 
     upstream_opt = GraphLowering.__dict__["decide_layout_opt"].__func__
     if getattr(upstream_opt, "_vspyre", False):
@@ -173,9 +174,8 @@ def _register_convolution() -> None:
 # -- cumsum / cumprod ----------------------------------------------------------------------------
 def _scan_as_reduction(x: Any, axis: Any, dtype: Any, kind: str) -> Any | None:
     """cumsum/cumprod along ``axis`` as a masked sum/prod reduction, or None (upstream)."""
-    from torch._inductor import ir
-    from torch._inductor.lowering import to_dtype
-    from torch._inductor.virtualized import ops
+    from ..compat import inductor_ir as ir, inductor_lowering, ops
+    to_dtype = inductor_lowering.to_dtype
 
     if not _on_spyre(x):
         return None
@@ -218,7 +218,7 @@ def _scan_as_reduction(x: Any, axis: Any, dtype: Any, kind: str) -> Any | None:
 
 
 def _register_scans() -> None:
-    from torch._inductor.lowering import lowerings
+    lowerings = compat.get("inductor_lowering").lowerings
 
     aten = torch.ops.aten
     for packet, kind in ((aten.cumsum, "sum"), (aten.cumprod, "prod")):
@@ -292,8 +292,7 @@ def _random_needs() -> dict[Any, frozenset[str]]:
 def _kernel_needs() -> dict[Any, Any]:
     """aten/prims op (overload packet) -> the ops its Inductor lowering emits into a kernel: a set
     of ops.* names (``"store:<mode>"`` for a store mode), or a function of the call's arguments."""
-    from torch._inductor import inductor_prims
-    from torch._inductor.codegen.common import pointwise_overrides_data
+    from ..compat import inductor_prims, pointwise_overrides_data
 
     aten, prims = torch.ops.aten, torch.ops.prims
     needs: dict[Any, Any] = {}
@@ -333,10 +332,10 @@ def _overloads(packet: Any) -> list[Any]:
 
 
 def _fallback(op: Any, args: tuple, kwargs: dict) -> Any:
-    from torch._inductor.lowering import fallback_handler
-    from torch._inductor.virtualized import V
+    from ..compat import V, inductor_lowering
+    fallback_handler = inductor_lowering.fallback_handler
 
-    if not torch._library.utils.mutates_and_returns_first_arg(op):
+    if not compat.get("library_utils").mutates_and_returns_first_arg(op):
         return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
     # An in-place op (index_put_ after Inductor's re-inplacing), handled as Inductor's own in-place
     # fallbacks (IndexPutFallback): the input is realized and marked mutated before the kernel
@@ -350,7 +349,7 @@ def _fallback(op: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _register_host_fallbacks() -> None:
-    from torch._inductor.lowering import lowerings
+    lowerings = compat.get("inductor_lowering").lowerings
 
     from .kernel import has_tile_form
 
@@ -374,7 +373,7 @@ def _register_host_fallbacks() -> None:
     # Inductor rewrites rand/randn/randint into in-kernel random numbers before lowering
     # (joint-graph pass replace_random): not for the card's tensors, which keep the aten factory
     # (and so reach the fallback above, drawing from the card's generator).
-    from torch._inductor.fx_passes import replace_random
+    from ..compat import replace_random
 
     random_needs = _random_needs()
     for (kind, target), entries in replace_random.patterns.patterns.items():
@@ -400,7 +399,7 @@ def _register_host_fallbacks() -> None:
 # -- attention: the card's flash program as one node ------------------------------------------
 def _library_node(kind: str, params: dict, inputs: list, size: list, dtype: torch.dtype, device: Any) -> Any:
     """A node of Inductor's graph that the wrapper runs as one library program of the card."""
-    from torch._inductor import ir
+    from ..compat import inductor_ir as ir
 
     class SpyreLibraryKernel(ir.ExternKernelOut):
         """Inductor sees an extern kernel (inputs realized, an output buffer it plans); the wrapper
@@ -444,7 +443,7 @@ def _sdpa_overrideable(query: Any, key: Any, value: Any, attn_bias: Any = None, 
 
 
 def _register_attention() -> None:
-    from torch._inductor.lowering import lowerings
+    lowerings = compat.get("inductor_lowering").lowerings
 
     op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
     upstream = lowerings.get(op)
@@ -460,8 +459,7 @@ def _register_attention() -> None:
 
 
 def register() -> None:
-    from torch._inductor.kernel import bmm as bmm_mod
-    from torch._inductor.kernel import mm as mm_mod
+    from ..compat import bmm_kernel as bmm_mod, mm_kernel as mm_mod
 
     for mod in (mm_mod, bmm_mod):
         upstream = mod.use_native_matmul
@@ -472,7 +470,7 @@ def register() -> None:
             if _on_spyre(mat1) and _on_spyre(mat2):
                 # K == 0: Inductor cannot make a reduction("dot") over nothing (it asserts); the
                 # regular mm path gives the zeros.
-                from torch._inductor.virtualized import V
+                from ..compat import V
                 if V.graph.sizevars.statically_known_equals(mat1.get_size()[-1], 0):
                     return False
                 return mat1.get_dtype() in _MATMUL_DTYPES and mat1.get_dtype() == mat2.get_dtype()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphModulePass
+from ..compat import CustomGraphModulePass
 
 
 class SpyreGraphPass(CustomGraphModulePass):

@@ -5,13 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import sympy
-from torch._inductor import ir as inductor_ir
-from torch._inductor.codegen.common import BackendFeature, IndentedBuffer
-from torch._inductor.codegen.simd import SIMDScheduling
-from torch._inductor.scheduler import SchedulerNode
-from torch._inductor.utils import OrderedSet, get_kernel_metadata
-from torch._inductor.virtualized import V
 
+from ..compat import (BackendFeature, IndentedBuffer, OrderedSet, SchedulerNode, SIMDScheduling, V,
+                      get_kernel_metadata, inductor_ir)
 from .kernel import SpyreKernel
 
 

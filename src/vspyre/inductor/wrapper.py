@@ -13,10 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from torch._inductor.codegen.common import IndentedBuffer
-from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
-from torch._inductor.virtualized import V
 
+from ..compat import IndentedBuffer, PythonWrapperCodegen, SubgraphPythonWrapperCodegen, V
 from ..device import fallback as device_fallback
 from ..trace import op_name
 from .launcher import compiled_fallbacks, reset_compiled_fallbacks  # noqa: F401 (public here)

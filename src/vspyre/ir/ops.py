@@ -158,6 +158,8 @@ _vec("mod", torch.remainder, 2, "a mod b (sign of b, Python semantics)")
 _vec("pow", lambda a, b: torch.pow(a, b), 2, "a ** b", True)
 _vec("maximum", torch.maximum, 2, "max(a, b), NaN-propagating")
 _vec("minimum", torch.minimum, 2, "min(a, b), NaN-propagating")
+_vec("fmaximum", torch.fmax, 2, "max(a, b) ignoring NaN (NaN only if both are)")
+_vec("fminimum", torch.fmin, 2, "min(a, b) ignoring NaN (NaN only if both are)")
 _vec("fma", lambda a, b, c: a * b + c, 3, "a * b + c", flops=2)
 _vec("where", lambda c, a, b: torch.where(c, a, b), 3, "c ? a : b")
 for _n, _fn in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt),
@@ -418,6 +420,15 @@ def _arg(kind: str) -> ReduceImpl:
     return ReduceImpl(partial, combine, lambda s: s[1], 2.0)
 
 
+def _fmax_partial(x: torch.Tensor, axes: list[int]) -> torch.Tensor:
+    """max over ``axes`` ignoring NaN; NaN where every value is NaN (torch.fmax, folded)."""
+    if not x.is_floating_point():
+        return x.amax(dim=axes, keepdim=True)
+    nan = torch.isnan(x)
+    r = x.masked_fill(nan, float("-inf")).amax(dim=axes, keepdim=True)
+    return r.masked_fill((~nan).sum(dim=axes, keepdim=True) == 0, float("nan"))
+
+
 REDUCE_IMPL: dict[str, ReduceImpl] = {
     "sum": ReduceImpl(lambda x, axes, s: _acc(x).sum(dim=axes, keepdim=True), torch.add, lambda s: s),
     "prod": ReduceImpl(lambda x, axes, s: _acc(x).prod(dim=axes[0], keepdim=True) if len(axes) == 1 else
@@ -425,6 +436,7 @@ REDUCE_IMPL: dict[str, ReduceImpl] = {
                            [1 if i in axes else x.shape[i] for i in range(x.dim())]), torch.mul, lambda s: s),
     "max": ReduceImpl(lambda x, axes, s: x.amax(dim=axes, keepdim=True), torch.maximum, lambda s: s),
     "min": ReduceImpl(lambda x, axes, s: x.amin(dim=axes, keepdim=True), torch.minimum, lambda s: s),
+    "fmax": ReduceImpl(lambda x, axes, s: _fmax_partial(x, axes), torch.fmax, lambda s: s),
     "any": ReduceImpl(lambda x, axes, s: (x != 0).any(dim=axes[0], keepdim=True) if len(axes) == 1 else
                       (x != 0).sum(dim=axes, keepdim=True) > 0, torch.logical_or, lambda s: s),
     "argmax": _arg("max"),

@@ -271,6 +271,7 @@ class ReductionKind:
 REDUCTIONS: dict[str, ReductionKind] = {
     "sum": ReductionKind("accumulate", "sum"), "prod": ReductionKind("accumulate", "prod"),
     "max": ReductionKind("extreme", "max"), "min": ReductionKind("extreme", "min"),
+    "fmax": ReductionKind("extreme", "fmax"),          # max ignoring NaN (Inductor's two-pass softmax, 2.14+)
     "any": ReductionKind("bool", "any"),
     "argmax": ReductionKind("index", None), "argmin": ReductionKind("index", None),
 }

@@ -39,7 +39,7 @@ log = logging.getLogger("vspyre.runtime")
 MODES = ("fast", "checked")
 
 try:  # make TORCH_LOGS="+vspyre" work; torch._logging is torch's, not inductor's
-    from torch._logging._internal import register_log as _register_log
+    from ..compat import register_log as _register_log
     _register_log("vspyre", ["vspyre"])
 except Exception:  # noqa: BLE001 - optional nicety
     pass

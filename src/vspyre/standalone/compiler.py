@@ -490,7 +490,7 @@ def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
 def _decompositions() -> dict:
     """The decompositions the standalone compiler asks AOTAutograd for: a short hand-picked list
     (ops it would rather see as simpler ATen ops); everything else reaches the op table as is."""
-    from torch._decomp import get_decompositions
+    from ..compat import get_decompositions
     aten = torch.ops.aten
     return get_decompositions([
         aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.addcmul, aten.addcdiv,
@@ -501,13 +501,13 @@ def _decompositions() -> dict:
 
 def _bw_eager(gm: fx.GraphModule, example_inputs: list) -> Callable:
     """Backward graphs are not compiled: they run eagerly on the device (host fallbacks, counted)."""
-    from torch._functorch.aot_autograd import make_boxed_func
+    from ..compat import make_boxed_func
     return make_boxed_func(gm.forward)
 
 
 def spyre_standalone(gm: fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
     """``torch.compile(model, backend="spyre_standalone")``."""
-    from torch._functorch.aot_autograd import aot_module_simplified
+    from ..compat import aot_module_simplified
 
     def fw(g, ex):
         return compile_graph(g, ex)

@@ -167,6 +167,8 @@ POINTWISE: dict[Any, Callable] = {
     aten.pow.Scalar: lambda a, b: ("pow", a, b),
     aten.maximum.default: lambda a, b: ("maximum", a, b),
     aten.minimum.default: lambda a, b: ("minimum", a, b),
+    aten.fmax.default: lambda a, b: ("fmaximum", a, b),
+    aten.fmin.default: lambda a, b: ("fminimum", a, b),
     aten.clamp.default: lambda a, lo=None, hi=None: _clamp(a, lo, hi),
     aten.clamp_min.default: lambda a, lo: ("maximum", a, lo),
     aten.clamp_max.default: lambda a, hi: ("minimum", a, hi),
@@ -648,11 +650,16 @@ def attention_run(ctx, q, k, v, odt, scale, mask=None, causal=False, name="atten
           "attention in one program (matmul, softmax, matmul)")
 def _sdpa_cpu(node):
     odt = _meta_dtype(node, 0)
+    need_lse = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
 
     def run(ctx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+        if dropout_p:
+            raise NotImplementedError(f"spyre_standalone: attention with dropout_p={dropout_p} has no card kernel")
         s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         out = attention_run(ctx, q, k, v, odt, s, attn_mask, is_causal)
-        return out, None
+        # the log-sum-exp the CPU op also returns (torch 2.14+ op_db reads it): computed when used
+        lse = attention_lse_run(ctx, q, k, s, attn_mask, is_causal) if need_lse else None
+        return out, lse
     return run
 
 

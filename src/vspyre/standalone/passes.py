@@ -24,7 +24,7 @@ _RANDOM = {"rand", "randn", "randint", "bernoulli", "native_dropout", "dropout",
 
 
 def run_all(gm: fx.GraphModule, rep: Any) -> None:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from ..compat import unset_fake_temporarily
     with unset_fake_temporarily():
         _run_all(gm, rep)
 

@@ -645,7 +645,7 @@ static py::dict stats_dict(c10::DeviceIndex dev) {
 
 }  // namespace vspyre
 
-PYBIND11_MODULE(_C, m) {
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {   // _C_<torch release>, set by setup.py
   m.doc() = "C++ part of the virtual spyre device (allocator, guard, hooks, core kernels)";
   m.def("_set_num_cards", [](int n) {
     TORCH_CHECK(n >= 1 && n <= vspyre::kMaxCards, "spyre: num_cards must be in 1..",
