@@ -98,3 +98,15 @@ def test_memory_summary_and_stats_keys():
         assert key in s
     text = torch.spyre.memory_summary()
     assert "spyre:0 memory summary" in text and "Allocated memory" in text
+
+
+def test_allocations_round_to_the_configured_stick():
+    """The allocator's stick size comes from the hardware config (not a C++ constant)."""
+    from vspyre import hardware
+    base = torch.spyre.memory_allocated()
+    with hardware.override(stick_bytes=256):
+        t = torch.empty(3, dtype=torch.uint8, device="spyre")
+        assert torch.spyre.memory_allocated() - base == 256
+        del t
+    t = torch.empty(3, dtype=torch.uint8, device="spyre")
+    assert torch.spyre.memory_allocated() - base == hardware.get_config().stick_bytes == 128

@@ -17,6 +17,7 @@ _registered = False
 
 
 def _apply_config(cfg: hardware.HardwareConfig) -> None:
+    _C._set_stick_bytes(cfg.stick_bytes)       # allocations round to whole sticks of the active config
     for i in range(_C._num_cards()):
         _C._set_capacity(i, cfg.usable_memory_bytes)
 

@@ -38,7 +38,8 @@
 
 namespace vspyre {
 
-constexpr size_t kStickBytes = 128;
+// The stick size: set from Python (the active hardware config's stick_bytes), never retyped here.
+std::atomic<size_t> g_stick_bytes{0};
 constexpr int kMaxCards = 64;
 constexpr c10::DeviceType kSpyre = c10::DeviceType::PrivateUse1;
 
@@ -105,7 +106,9 @@ class SpyreAllocator final : public c10::Allocator {
     if (nbytes == 0) {
       return {nullptr, nullptr, &SpyreAllocator::deleter, device};
     }
-    size_t rounded = (nbytes + kStickBytes - 1) / kStickBytes * kStickBytes;
+    const size_t stick = g_stick_bytes.load();
+    TORCH_CHECK(stick != 0, "spyre: the stick size was not set (import vspyre)");
+    size_t rounded = (nbytes + stick - 1) / stick * stick;
     {
       std::lock_guard<std::mutex> lock(mu_);
       CardStats& s = stats_[dev];
@@ -122,7 +125,7 @@ class SpyreAllocator final : public c10::Allocator {
       // Reserve before the host allocation so concurrent allocations cannot overshoot.
       s.allocated += rounded;
     }
-    void* ptr = std::aligned_alloc(kStickBytes, rounded);
+    void* ptr = std::aligned_alloc(stick, rounded);
     if (ptr == nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
       CardStats& s = stats_[dev];
@@ -655,6 +658,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {   // _C_<torch release>, set by setup
   m.def("_num_cards", [] { return vspyre::g_num_cards.load(); });
   m.def("_set_fused_attention", [](bool on) { return vspyre::g_fused_attention.exchange(on); },
         "whether scaled_dot_product_attention on the card takes the fused (flash) path; returns the old value");
+  m.def("_set_stick_bytes", [](int64_t n) {
+    TORCH_CHECK(n > 0 && (n & (n - 1)) == 0, "spyre: stick_bytes must be a power of two, got ", n);
+    vspyre::g_stick_bytes.store(static_cast<size_t>(n));
+  });
   m.def("_set_card_dtypes", &vspyre::set_card_dtypes, "the dtypes the card holds (vspyre.hardware.card_dtypes())");
   m.def("_set_capacity", [](int dev, int64_t bytes) { vspyre::g_allocator.set_capacity(dev, bytes); });
   m.def("_memory_stats", [](int dev) { return vspyre::stats_dict(dev); });
