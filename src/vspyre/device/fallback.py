@@ -27,6 +27,7 @@ import torch
 
 from .. import hardware, trace
 from ._ext import _C
+from ._extname import torch_release
 
 MODES = ("allow", "warn", "strict")
 
@@ -451,8 +452,7 @@ def register_overrideable_kernels() -> None:
             return _host_fallback(op, *args, **kwargs)
         return run
 
-    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    for name in ("quantile", "nanquantile") if release >= (2, 14) else ():
+    for name in ("quantile", "nanquantile") if torch_release(torch.__version__) >= (2, 14, 0) else ():
         for ov in ("default", "scalar"):
             lib.impl(f"{name}.{ov}" if ov != "default" else name, whole_kw(getattr(getattr(aten, name), ov)),
                      "PrivateUse1")
