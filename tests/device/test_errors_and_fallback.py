@@ -87,3 +87,29 @@ def test_wrapped_scalar_arguments_reach_the_host_op():
     a = torch.arange(7)
     assert torch.equal(torch.remainder(a.to("spyre"), 4).cpu(), torch.remainder(a, 4))
     assert torch.equal(torch.remainder(a.float().to("spyre"), 1.5).cpu(), torch.remainder(a.float(), 1.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8, torch.int64], ids=str)
+def test_integer_histc_bridges_the_cpus_dtype_gap(dtype):
+    """Accelerators have an integer histc (transformers' MoE routing counts tokens with it on
+    non-CPU devices); the CPU has none. The fallback computes in float64 and casts back, exactly."""
+    x = torch.randint(0, 10, (300,), dtype=torch.int32).to(dtype)
+    out = torch.histc(x.to("spyre"), bins=5, min=0, max=10)
+    assert out.dtype == dtype
+    assert torch.equal(out.cpu(), torch.histc(x.double(), bins=5, min=0, max=10).to(dtype))
+
+
+def test_dtype_bridge_refuses_an_inexact_result():
+    from types import SimpleNamespace
+    from vspyre.device.fallback import _bridge_dtype
+
+    def third(x):
+        if not x.is_floating_point():
+            raise NotImplementedError("\"third\" not implemented for 'Int'")
+        return x / 3
+    x = torch.tensor([3, 6, 9], dtype=torch.int32)
+    err = NotImplementedError("\"third\" not implemented for 'Int'")
+    assert torch.equal(_bridge_dtype(third, SimpleNamespace(mutable=False), "third", [x], {}, err),
+                       torch.tensor([1, 2, 3], dtype=torch.int32))
+    with pytest.raises(TypeError, match="third.*not exactly representable in torch.int32"):
+        _bridge_dtype(third, SimpleNamespace(mutable=False), "third", [x + 1], {}, err)

@@ -199,6 +199,45 @@ def _note(name: str, dev_index: int, t0: int, t1: int) -> None:
                                           context=getattr(_local, "context", "eager")))
 
 
+_WIDER = {torch.int8: torch.float64, torch.int16: torch.float64, torch.int32: torch.float64,
+          torch.uint8: torch.float64, torch.int64: torch.float64, torch.float16: torch.float32,
+          torch.bfloat16: torch.float32}
+
+
+def _bridge_dtype(op: Any, info: "_OpInfo", name: str, args: list, kwargs: dict, err: Exception) -> Any:
+    """The CPU has no kernel for this dtype (integer ``histc``: accelerators have one): compute in a
+    dtype the CPU has and cast the results back, exactly, or raise naming the op and dtype."""
+    import re
+    m = re.search(r"not implemented for '(\w+)'", str(err))
+    if m is None or info.mutable:
+        raise err
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    dtypes = {t.dtype for t in tensors if t.dtype in _WIDER}
+    if len(dtypes) != 1:
+        raise err
+    (dt,) = dtypes
+    wide = _WIDER[dt]
+
+    def up(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype == dt:
+            if dt == torch.int64 and x.numel() and x.abs().max() > 2 ** 53:
+                raise TypeError(f"spyre: {name} has no CPU kernel for {dt} and its values exceed 2**53, "
+                                f"so it cannot run exactly in {wide} on the host")
+            return x.to(wide)
+        return x
+    out = op(*[_map(up, a) for a in args], **{k: _map(up, v) for k, v in kwargs.items()})
+
+    def down(x: Any) -> Any:
+        if not (isinstance(x, torch.Tensor) and x.dtype == wide):
+            return x
+        back = x.to(dt)
+        if not torch.equal(back.to(wide), x):
+            raise TypeError(f"spyre: {name} has no CPU kernel for {dt}; computed in {wide} its result is "
+                            f"not exactly representable in {dt}")
+        return back
+    return _map(down, out)
+
+
 def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     info = _info(op)
     name = info.name
@@ -246,6 +285,8 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     try:
         try:
             out = op(*h_args, **h_kwargs)
+        except NotImplementedError as e:
+            out = _bridge_dtype(op, info, name, h_args, h_kwargs, e)
         except RuntimeError as e:
             if "not resizable" not in str(e):
                 raise
