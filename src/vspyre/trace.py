@@ -51,6 +51,8 @@ class FallbackEvent:
     host_start_ns: int
     host_end_ns: int
     context: str = "eager"        # "eager", or "compiled" when a compiled graph called it
+    bytes_moved: int = 0          # over the host link: device inputs up, fresh results down
+    est_us: float = 0.0           # that traffic at the host link's bandwidth (the card waits for it)
 
 
 Event = Union[KernelEvent, FallbackEvent]

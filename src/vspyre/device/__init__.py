@@ -7,6 +7,8 @@ generates the ``Tensor.spyre()`` / ``Module.spyre()`` methods, and installs the 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import hardware
@@ -31,6 +33,8 @@ def register() -> None:
     _C._set_card_dtypes(list(hardware.card_dtypes()))
     _C._set_num_cards(cfg.num_cards)
     _apply_config(cfg)
+    if os.environ.get("VSPYRE_ESTIMATE_ONLY", "0") not in ("", "0"):
+        _C._set_estimate_only(True)           # kernels costed, not run; memory without values
     hardware.on_change(_apply_config)
     hardware._mark_device_started()
 

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -121,7 +121,8 @@ def _tensors(x: Any) -> Iterator[torch.Tensor]:
 class _OpInfo:
     """What the fallback needs to know of an op's schema, computed once per op."""
 
-    __slots__ = ("name", "arg_names", "index_lists", "mutable", "generator_pos", "tensor_args", "seeded")
+    __slots__ = ("name", "arg_names", "index_lists", "mutable", "out_args", "generator_pos", "tensor_args",
+                 "seeded")
 
     def __init__(self, op: torch._ops.OpOverload):
         args = op._schema.arguments
@@ -129,6 +130,7 @@ class _OpInfo:
         self.arg_names = [a.name for a in args]
         self.index_lists = {i for i, a in enumerate(args) if str(a.type) == "List[Optional[Tensor]]"}
         self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        self.out_args = {i for i in self.mutable if args[i].kwarg_only}     # out=: written, not read
         self.generator_pos = self.arg_names.index("generator") if "generator" in self.arg_names else -1
         # a random op without a generator argument (native_dropout) draws from the default generator
         self.seeded = self.generator_pos < 0 and torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
@@ -184,7 +186,12 @@ def _check_devices(info: _OpInfo, args: tuple, kwargs: dict) -> torch.device | N
     return found
 
 
-def _note(name: str, dev_index: int, t0: int, t1: int) -> None:
+def _link_us(nbytes: int) -> float:
+    """The host link's time to move ``nbytes`` (one direction)."""
+    return nbytes / hardware.get_config().host_link_bandwidth * 1e6
+
+
+def _note(name: str, dev_index: int, t0: int, t1: int, moved: Callable[[], int] = lambda: 0) -> None:
     with _lock:
         _counts[name] += 1
         _time_ns[name] += t1 - t0
@@ -195,8 +202,10 @@ def _note(name: str, dev_index: int, t0: int, t1: int) -> None:
         warnings.warn(f"spyre: {name} has no device kernel and ran on the host (host fallback)",
                       stacklevel=3)
     if trace.listening():
+        n = moved()
         trace.publish(trace.FallbackEvent(op=name, device=dev_index, host_start_ns=t0, host_end_ns=t1,
-                                          context=getattr(_local, "context", "eager")))
+                                          context=getattr(_local, "context", "eager"),
+                                          bytes_moved=n, est_us=_link_us(n)))
 
 
 _WIDER = {torch.int8: torch.float64, torch.int16: torch.float64, torch.int32: torch.float64,
@@ -258,6 +267,10 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     if target is None:
         target = torch.device("spyre", _C._current_device())
     dev_index = target.index if target.index is not None else _C._current_device()
+    if _C._estimate_only():
+        result = _shape_only(op, info, args, kwargs, target)
+        _note(name, dev_index, t0, time.perf_counter_ns(), lambda: _link_bytes(info, args, kwargs, result))
+        return result
 
     # device tensor -> host alias (and remember which host alias stands for which device tensor)
     host_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(host alias) -> (alias, device)
@@ -300,8 +313,98 @@ def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         _C._set_device(prev_dev)
         if info.seeded:
             gen_sync.restore()     # type: ignore[union-attr]
-    _note(name, dev_index, t0, time.perf_counter_ns())
+    _note(name, dev_index, t0, time.perf_counter_ns(), lambda: _link_bytes(info, args, kwargs, result))
     return result
+
+
+def _link_bytes(info: "_OpInfo | None", args: Any, kwargs: dict, result: Any) -> int:
+    """Bytes a host fallback moves over the host link: the device tensors it reads go up, the ones
+    it writes come down (an ``out=`` argument only down, an in-place one both ways), and fresh
+    device results come down; results that are inputs or views of them move nothing more."""
+    outs: dict[int, int] = {}          # id(tensor) -> times its bytes cross (in-place 2, out= 1)
+    if info is not None:
+        for i in info.mutable:
+            outs.update((id(t), 1 if i in info.out_args else 2) for t in _tensors(_arg(info, i, args, kwargs)))
+    ins = [t for t in _iter_meta([args, kwargs]) if t.device.type == "spyre"]
+    storages = {t.untyped_storage()._cdata for t in ins}
+    n = 0
+    for t in ins:
+        size = t.numel() * t.element_size()
+        n += size * outs.get(id(t), 1)
+    n += sum(t.numel() * t.element_size() for t in _iter_meta([result])
+             if t.device.type == "spyre" and t.untyped_storage()._cdata not in storages)
+    return n
+
+
+class EstimateOnlyError(RuntimeError):
+    """An op needs values, and the tensors were produced in estimate-only mode."""
+
+
+def _shape_only(op: Any, info: _OpInfo, args: tuple, kwargs: dict, target: torch.device) -> Any:
+    """The host fallback in estimate-only mode: run the op's meta kernel for the result shapes and
+    give the results device memory without values (the op is still counted and costed on the
+    host link by the caller)."""
+    dev_of: dict[int, torch.Tensor] = {}       # id(meta stand-in) -> device tensor
+
+    def to_meta(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.device.type not in ("spyre", "cpu"):
+            return x
+        span = x.untyped_storage().nbytes() // max(1, x.element_size())
+        m = torch.empty(max(span, x.storage_offset() + 1), dtype=x.dtype, device="meta").as_strided(
+            x.size(), x.stride(), x.storage_offset())
+        if x.device.type == "spyre":
+            dev_of[id(m)] = x
+        return m
+
+    for i in info.mutable:
+        for t in _tensors(_arg(info, i, args, kwargs)):
+            if t.device.type == "spyre" and _C._has_values(t):
+                raise EstimateOnlyError(
+                    f"spyre: {info.name} in estimate-only mode would write a {t.dtype} tensor of shape "
+                    f"{tuple(t.shape)} that was allocated outside the mode and has values this mode does not "
+                    f"compute; allocate it inside torch.spyre.estimate_only()")
+    m_args = [_map(to_meta, a) for a in args]
+    m_kwargs = {k: _map(to_meta, v) for k, v in kwargs.items()}
+    if "device" in m_kwargs:
+        m_kwargs["device"] = torch.device("meta")
+    keep = [v for v in list(m_args) + list(m_kwargs.values())]   # ids in dev_of stay valid
+    try:
+        out = op(*m_args, **m_kwargs)
+    except Exception as e:  # noqa: BLE001 - re-raised with the op named
+        raise EstimateOnlyError(
+            f"spyre: {info.name} has no device kernel, and in estimate-only mode its host fallback runs "
+            f"on shapes alone, which this op cannot ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"its result depends on values (data-dependent), which this mode does not compute") from None
+    inputs = [m for m in _iter_meta(keep) if id(m) in dev_of]
+
+    def back(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.device.type != "meta":
+            return x
+        d = dev_of.get(id(x)) if any(m is x for m in inputs) else None
+        if d is not None:                          # in-place / out=: the argument itself
+            if d.size() != x.size() or d.stride() != x.stride():
+                with torch.no_grad():
+                    _take_layout(d, x)
+            return d
+        for m in inputs:                           # a view of an input: the same device storage
+            if x.untyped_storage()._cdata == m.untyped_storage()._cdata:
+                return dev_of[id(m)].as_strided(x.size(), x.stride(), x.storage_offset())
+        if x.dtype not in hardware.card_dtypes():
+            raise TypeError(f"spyre: {info.name} produced a {x.dtype} result, a dtype the card does not "
+                            f"support (supported: {hardware.dtype_names()}); compute in float32 instead")
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=target)
+
+    return _map(back, out)
+
+
+def _iter_meta(xs: Any) -> Iterator[torch.Tensor]:
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            yield from _iter_meta(x)
+        elif isinstance(x, dict):
+            yield from _iter_meta(x.values())
 
 
 def _swap_generator(info: _OpInfo, h_args: list, h_kwargs: dict, dev_index: int):
@@ -517,9 +620,21 @@ def _host_call(name: str, device: torch.device, fn, *args: Any) -> Any:
         raise HostFallbackError(f"spyre: {name} has no device kernel and would run on the host; strict fallback "
                                 "mode forbids that (torch.spyre.set_fallback_mode('allow') permits it)")
     t0 = time.perf_counter_ns()
-    out = fn(*[_C._host_view(a) if _is_spyre(a) else a for a in args])
-    res = _map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, out)
-    _note(name, device.index if device.index is not None else _C._current_device(), t0, time.perf_counter_ns())
+    if _C._estimate_only():     # shapes only: fn on meta stand-ins, results without values
+        def meta(a: Any) -> Any:
+            return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device="meta") if _is_spyre(a) else a
+        try:
+            out = fn(*[meta(a) for a in args])
+        except Exception as e:  # noqa: BLE001 - re-raised with the op named
+            raise EstimateOnlyError(f"spyre: {name} cannot run on shapes alone in estimate-only mode "
+                                    f"({type(e).__name__}: {e})") from None
+        res = _map(lambda x: torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=device)
+                   if isinstance(x, torch.Tensor) else x, out)
+    else:
+        out = fn(*[_C._host_view(a) if _is_spyre(a) else a for a in args])
+        res = _map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, out)
+    _note(name, device.index if device.index is not None else _C._current_device(), t0, time.perf_counter_ns(),
+          lambda: _link_bytes(None, args, {}, res))
     return res
 
 

@@ -28,10 +28,11 @@ __all__ = [
     "mem_get_info", "empty_cache", "Stream", "Event", "current_stream", "default_stream", "stream",
     "fallback_stats", "fallback_time_stats", "reset_fallback_stats", "set_fallback_mode",
     "get_fallback_mode", "fallback_mode", "set_numerics", "get_numerics", "hardware_config",
-    "OutOfMemoryError",
+    "OutOfMemoryError", "estimate_only", "is_estimate_only", "has_values", "EstimateOnlyError",
 ]
 
 OutOfMemoryError = torch.OutOfMemoryError
+EstimateOnlyError = _fallback.EstimateOnlyError
 
 
 # -- availability and cards -----------------------------------------------------------------
@@ -375,6 +376,37 @@ def fallback_time_stats() -> dict[str, float]:
 
 def reset_fallback_stats() -> None:
     _fallback.reset_stats()
+
+
+# -- estimate-only mode -------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def estimate_only(on: bool = True) -> Iterator[None]:
+    """Plan and cost every kernel without executing it, and account device memory against the
+    card's capacity without host pages (an 8B model then costs no host memory)::
+
+        with torch.spyre.estimate_only():
+            model = model.to_empty(device="spyre")      # weights: accounted, no values
+            out = compiled(ids)                          # kernels planned and costed, not run
+
+    Tensors allocated inside have no values: reading one (``.cpu()``, ``print``, ``.item()``) raises
+    and says so. Host fallbacks run on shapes alone (their meta kernels) and are still counted and
+    costed on the host link; an op whose result depends on values raises, naming it. Also on with
+    ``VSPYRE_ESTIMATE_ONLY=1``."""
+    prev = _C._set_estimate_only(on)
+    try:
+        yield
+    finally:
+        _C._set_estimate_only(prev)
+
+
+def is_estimate_only() -> bool:
+    return bool(_C._estimate_only())
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """False for a spyre tensor allocated in estimate-only mode (it has no defined values)."""
+    return bool(_C._has_values(t))
 
 
 set_fallback_mode = _fallback.set_mode

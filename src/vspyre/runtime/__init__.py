@@ -31,7 +31,7 @@ from ..ir.printer import format_program
 from ..ir.program import Program
 from .executor import Bound, LaunchError, bind, run_checked, run_fast
 from . import relayout
-from .memory import host
+from .memory import estimate_only, has_values, host
 
 __all__ = ["launch", "host", "ScheduleError", "LaunchError", "MODES", "default_mode", "dump"]
 
@@ -98,6 +98,27 @@ def dump(bd: Bound) -> str:
     return text
 
 
+def _execute(bd: Bound, tensors: Sequence[torch.Tensor], m: str) -> dict | None:
+    hosts = [t if t.is_cpu else host(t) for t in tensors]
+    if torch.autograd._profiler_enabled():      # visible in torch.profiler's CPU timeline
+        with torch.profiler.record_function(f"spyre::{bd.program.name}"):
+            return run_fast(bd, hosts) if m == "fast" else run_checked(bd, hosts)
+    return run_fast(bd, hosts) if m == "fast" else run_checked(bd, hosts)
+
+
+def _estimate_only(bd: Bound, tensors: Sequence[torch.Tensor]) -> None:
+    """Plan and cost the launch without executing it. A buffer the kernel writes must be memory
+    without values too: writing garbage over a tensor that has values would pass silently."""
+    bd.estimate()                     # plans the schedule: a launch that cannot run fails here too
+    for b, t in zip(bd.program.buffers, tensors):
+        if b.role != "in" and t.device.type != "cpu" and has_values(t):
+            raise LaunchError(
+                f"program {bd.program.name}: estimate-only mode cannot write buffer {b.name} "
+                f"({tuple(t.shape)} {t.dtype}): that tensor was allocated outside the mode and has values "
+                "this launch would not compute; allocate it inside torch.spyre.estimate_only()")
+    return None
+
+
 def launch(program: Program, *tensors: torch.Tensor, mode: str | None = None,
            sizes: Mapping[str, int] | None = None, source: str | None = None) -> dict | None:
     """Run ``program`` on ``tensors`` (one per buffer, in ``program.buffers`` order; CPU tensors
@@ -121,12 +142,10 @@ def launch(program: Program, *tensors: torch.Tensor, mode: str | None = None,
         raise ValueError(f"launch: mode must be one of {MODES}, got {m!r}")
     # operands read through a re-layout: laid out once per tensor version and kept on the card
     missed = [r for r in bd.relayouts() if not relayout.lookup(tensors[r[0]], r[2], r[3], r[4])]
-    hosts = [t if t.is_cpu else host(t) for t in tensors]
-    if torch.autograd._profiler_enabled():      # visible in torch.profiler's CPU timeline
-        with torch.profiler.record_function(f"spyre::{program.name}"):
-            facts = run_fast(bd, hosts) if m == "fast" else run_checked(bd, hosts)
+    if estimate_only():
+        facts = _estimate_only(bd, tensors)
     else:
-        facts = run_fast(bd, hosts) if m == "fast" else run_checked(bd, hosts)
+        facts = _execute(bd, tensors, m)
     if relayout.active():
         for b, t in zip(program.buffers, tensors):
             if b.role != "in":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["host"]
+__all__ = ["host", "estimate_only", "has_values"]
 
 
 def host(t: torch.Tensor) -> torch.Tensor:
@@ -16,3 +16,25 @@ def host(t: torch.Tensor) -> torch.Tensor:
         from vspyre.device import host_view  # lazy: the device layer is optional for the runtime
         return host_view(t)
     raise TypeError(f"vspyre runtime: tensor on device {t.device} is neither cpu nor spyre")
+
+
+
+def _device_ext():
+    try:
+        from vspyre.device._ext import _C   # lazy: the runtime runs without the device too (tests)
+    except ImportError:
+        return None
+    return _C
+
+
+def estimate_only() -> bool:
+    """Whether the card runs estimate-only (kernels planned and costed, not executed; device
+    memory accounted but without values). The device layer holds the switch."""
+    c = _device_ext()
+    return bool(c is not None and c._estimate_only())
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """False for device memory allocated in estimate-only mode (it was never written)."""
+    c = _device_ext()
+    return t.device.type == "cpu" or c is None or bool(c._has_values(t))

@@ -35,6 +35,7 @@
 #include <cstring>
 #include <sstream>
 #include <unordered_map>
+#include <sys/mman.h>
 
 namespace vspyre {
 
@@ -82,7 +83,14 @@ struct Block {
   size_t rounded;
   size_t requested;
   c10::DeviceIndex device;
+  bool phantom;   // estimate-only: address space reserved, no host pages, no values
 };
+
+// Estimate-only mode (vspyre.device.estimate_only): allocations are accounted against the card's
+// capacity exactly as usual but backed by reserved address space with no access (mmap PROT_NONE,
+// no pages), so an 8B model costs no host memory. Such memory has no values: every door to its
+// bytes (host_view, copies to the host, fills) checks and raises or skips.
+std::atomic<bool> g_estimate_only{false};
 
 static std::string fmt_bytes(int64_t b) {
   std::ostringstream os;
@@ -99,7 +107,9 @@ class SpyreAllocator final : public c10::Allocator {
  public:
   SpyreAllocator() : stats_(kMaxCards) {}
 
-  c10::DataPtr allocate(size_t nbytes) override {
+  c10::DataPtr allocate(size_t nbytes) override { return allocate_as(nbytes, g_estimate_only.load()); }
+
+  c10::DataPtr allocate_as(size_t nbytes, bool phantom) {
     c10::DeviceIndex dev = current_index();
     check_index(dev);
     c10::Device device(kSpyre, dev);
@@ -125,7 +135,13 @@ class SpyreAllocator final : public c10::Allocator {
       // Reserve before the host allocation so concurrent allocations cannot overshoot.
       s.allocated += rounded;
     }
-    void* ptr = std::aligned_alloc(stick, rounded);
+    void* ptr = nullptr;
+    if (phantom) {
+      void* m = mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      ptr = m == MAP_FAILED ? nullptr : m;
+    } else {
+      ptr = std::aligned_alloc(stick, rounded);
+    }
     if (ptr == nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
       CardStats& s = stats_[dev];
@@ -146,7 +162,7 @@ class SpyreAllocator final : public c10::Allocator {
       s.num_allocs++;
       s.live_blocks++;
       s.live_blocks_peak = std::max(s.live_blocks_peak, s.live_blocks);
-      blocks_[ptr] = Block{rounded, nbytes, dev};
+      blocks_[ptr] = Block{rounded, nbytes, dev, phantom};
     }
     return {ptr, ptr, &SpyreAllocator::deleter, device};
   }
@@ -155,6 +171,8 @@ class SpyreAllocator final : public c10::Allocator {
 
   void release(void* ptr) {
     if (ptr == nullptr) return;
+    bool phantom = false;
+    size_t rounded = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = blocks_.find(ptr);
@@ -165,9 +183,20 @@ class SpyreAllocator final : public c10::Allocator {
       s.total_freed += it->second.rounded;
       s.num_frees++;
       s.live_blocks--;
+      phantom = it->second.phantom;
+      rounded = it->second.rounded;
       blocks_.erase(it);
     }
-    std::free(ptr);
+    if (phantom) munmap(ptr, rounded);
+    else std::free(ptr);
+  }
+
+  // Whether the block starting at ptr has no values (allocated in estimate-only mode).
+  bool is_phantom(const void* ptr) {
+    if (ptr == nullptr) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(const_cast<void*>(ptr));
+    return it != blocks_.end() && it->second.phantom;
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &SpyreAllocator::deleter; }
@@ -431,8 +460,20 @@ static void check_dtype(c10::ScalarType dt, const char* op) {
 
 // A CPU tensor over the same bytes as a spyre tensor: same storage span, offset, sizes,
 // strides. The CPU tensor keeps the device storage alive.
+static bool phantom(const at::Tensor& t) {
+  return t.device().type() == kSpyre && t.has_storage() && g_allocator.is_phantom(t.storage().data());
+}
+
+static void check_values(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(!phantom(t), "spyre: ", what, ": this ", torch_dtype_name(t.scalar_type()).substr(6), " tensor of shape ",
+      t.sizes(), " has no values: it was produced in estimate-only mode (torch.spyre.estimate_only(), "
+      "VSPYRE_ESTIMATE_ONLY=1), where kernels are planned and costed but not executed. Run without that "
+      "mode to read values.");
+}
+
 at::Tensor host_view(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kSpyre, "host_view expects a spyre tensor, got ", t.device());
+  check_values(t, "reading device memory");
   const c10::Storage& st = t.storage();
   auto* keep = new c10::Storage(st);
   void* base = st.mutable_data();
@@ -473,6 +514,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   (void)non_blocking;  // every copy is synchronous on the virtual card
   if (dst.device().type() == kSpyre) check_dtype(dst.scalar_type(), "copy_");
+  if (phantom(dst)) return dst;             // estimate-only: nothing to write, no values to keep
+  if (phantom(self)) check_values(self, dst.device().type() == kSpyre ? "copy_ (into a tensor with values)"
+                                                                      : "copy_ (to the host)");
   if (self.device().type() == kSpyre && dst.device().type() != kSpyre &&
       dst.device().type() != c10::kCPU) {
     TORCH_CHECK(false, "spyre: copy to ", dst.device(), " is not supported (copy through cpu)");
@@ -493,9 +537,11 @@ void resize_bytes(c10::StorageImpl* storage, size_t newsize) {
   if (newsize <= storage->nbytes() && storage->data() != nullptr) return;
   TORCH_CHECK(storage->resizable(), "spyre: trying to resize storage that is not resizable");
   c10::DeviceGuard guard(storage->device());
-  c10::DataPtr fresh = g_allocator.allocate(newsize);
+  const bool was_phantom = g_allocator.is_phantom(storage->data());
+  c10::DataPtr fresh = g_allocator.allocate_as(newsize, was_phantom || g_estimate_only.load());
   size_t keep = std::min(newsize, storage->nbytes());
-  if (keep > 0 && storage->data() != nullptr) std::memcpy(fresh.get(), storage->data(), keep);
+  if (keep > 0 && storage->data() != nullptr && !was_phantom && !g_allocator.is_phantom(fresh.get()))
+    std::memcpy(fresh.get(), storage->data(), keep);
   storage->set_data_ptr_noswap(std::move(fresh));
   storage->set_nbytes(newsize);
 }
@@ -554,16 +600,19 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  if (phantom(self)) return self;
   host_view(self).fill_(value);
   return self;
 }
 
 at::Tensor& zero_(at::Tensor& self) {
+  if (phantom(self)) return self;
   host_view(self).zero_();
   return self;
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  check_values(self, "item() (a data-dependent read, e.g. control flow on a value)");
   return host_view(self).item();
 }
 
@@ -672,6 +721,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {   // _C_<torch release>, set by setup
     vspyre::check_index(dev);
     vspyre::t_current = static_cast<c10::DeviceIndex>(dev);
   });
+  m.def("_set_estimate_only", [](bool on) { return vspyre::g_estimate_only.exchange(on); },
+        "estimate-only allocations (no host pages, no values); returns the previous setting");
+  m.def("_estimate_only", [] { return vspyre::g_estimate_only.load(); });
+  m.def("_has_values", [](const at::Tensor& t) { return !vspyre::phantom(t); },
+        "false for a spyre tensor allocated in estimate-only mode");
   m.def("_host_view", &vspyre::host_view, "CPU tensor aliasing a spyre tensor's memory");
   m.def("_default_generator", [](int dev) {
     return py::reinterpret_steal<py::object>(
