@@ -109,6 +109,39 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    import torch  # noqa: F401  (autoloads the spyre device)
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from .harness import estimate as E
+
+    try:
+        kv = tuple(int(x) for x in args.kv.split(",") if x.strip())
+    except ValueError:
+        print(f"vspyre estimate: --kv must be comma-separated integers, got {args.kv!r}", file=sys.stderr)
+        return 2
+    opts = E.Options(name=args.name, config=args.config, batch=args.batch, prompt=args.prompt,
+                     new_tokens=args.new_tokens, dtype=args.dtype,
+                     backends=tuple(E.BACKENDS) if args.backend == "both" else (args.backend,),
+                     cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top)
+    try:
+        report = E.estimate(opts, progress=not args.no_progress)
+    except E.EstimateError as e:
+        print(f"vspyre estimate: {e}", file=sys.stderr)
+        return 2
+    except torch.OutOfMemoryError as e:
+        print(f"vspyre estimate: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    Console(width=150).print(Markdown(E.markdown(report)))
+    paths = E.write(report, args.out)
+    print("vspyre estimate: " + ", ".join(paths))
+    if not report["fits"]:
+        print(f"vspyre estimate: does not fit one card (needs {report['cards_needed']})", file=sys.stderr)
+        return 3
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vspyre", description="A virtual Spyre-class AI accelerator for PyTorch")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -146,6 +179,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-failures", action="store_true",
                    help="exit 0 even when rows are not ok (by default a failed, crashed or timed-out row exits 1)")
     p.set_defaults(fn=_cmd_compare)
+    p = sub.add_parser("estimate", help="time to first token, tokens/s, memory and compile time of a full-size "
+                       "LLM on the card, without its weights (estimate-only: kernels planned and costed, not run)")
+    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b")
+    p.add_argument("--config", help="a transformers config.json instead of a built-in name")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
+    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (decode)")
+    p.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
+    p.add_argument("--backend", default="inductor", choices=["inductor", "standalone", "both"])
+    p.add_argument("--cards", type=int, default=1, help="cards the memory check may use (times are one card's)")
+    p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, measured)")
+    p.add_argument("--kv", default="128,2048,8192", help="KV-cache lengths to time a decode step at")
+    p.add_argument("--layers", type=int, default=None, help="override the number of layers (a shallower model)")
+    p.add_argument("--execute", action="store_true",
+                   help="run the kernels functionally with random weights instead of estimate-only (small configs)")
+    p.add_argument("--top", type=int, default=10, help="kernels listed per backend")
+    p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=_cmd_estimate)
     p = sub.add_parser("report", help="merge compare results (JSONL/JSON) and render JSON, Markdown, HTML")
     p.add_argument("inputs", nargs="+", help="results.jsonl / results.json files (later ones win)")
     p.add_argument("--out", default="vspyre-report", help="output directory")

@@ -58,6 +58,8 @@ HOOKS: dict[str, Hook] = {
                       "the harness's accuracy check, the dynamo benchmark runner's rule"),
     "dynamo_config": _H("torch._dynamo.config", None, "2.13", "recompile limits in the harness and tools"),
     "dynamo_reset": _H("torch._dynamo", "reset", "2.13", "a fresh compile between harness rows and sweeps"),
+    "mark_dynamic": _H("torch._dynamo", "mark_dynamic", "2.13",
+                       "vspyre estimate: the KV-cache length is symbolic from the first decode step"),
     # -- AOTAutograd, decompositions (the standalone compiler) --------------------------------------
     "aot_module_simplified": _H("torch._functorch.aot_autograd", "aot_module_simplified", "2.13",
                                 "the standalone compiler takes the ATen graph from AOTAutograd"),

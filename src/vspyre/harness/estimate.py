@@ -1,0 +1,443 @@
+"""``vspyre estimate``: a full-size LLM on one card, without its weights and without running it.
+
+The model is built from its ``transformers`` config on the meta device and moved to the card in
+estimate-only mode (``torch.spyre.estimate_only``): device memory is accounted against the card's
+capacity, but no host memory backs it and no kernel executes. Everything else is the normal path:
+``torch.compile`` with the chosen compiler captures, lowers and plans every kernel at the real
+shapes, and the runtime costs each launch with the latency model. So the figures are the same as a
+functional run's would be (tests/harness/test_estimate.py checks it on a small config), at a cost
+of compile time only.
+
+Prefill is one compiled forward of the prompt (time to first token). Decode is one step with the
+KV cache at each length asked for, compiled with ``dynamic=True``: the graph count must not grow
+with the length (reported per step). Tokens per second come from the decode steps, linearly
+interpolated over the generated range (a decode step's time is affine in the KV length).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .. import hardware
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+BACKENDS = {"inductor": "inductor", "standalone": "spyre_standalone"}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class EstimateError(Exception):
+    """Bad input, said in one line (the command exits non-zero)."""
+
+
+def builtin_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def load_config(name: str | None = None, path: str | None = None, layers: int | None = None) -> Any:
+    """A transformers config: a built-in name (``llama-3-8b``) or a config.json file."""
+    from transformers import CONFIG_MAPPING
+
+    if (name is None) == (path is None):
+        raise EstimateError("give a built-in config name or --config FILE (one of them)")
+    if name is not None:
+        file = CONFIG_DIR / f"{name}.json"
+        if not file.exists():
+            raise EstimateError(f"unknown config {name!r}; built in: {', '.join(builtin_configs())} "
+                                "(or --config FILE with a transformers config.json)")
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise EstimateError(f"config file {path} does not exist")
+    try:
+        d = json.loads(file.read_text())
+        d = {k: v for k, v in d.items() if not k.startswith("_")}
+        kind = d.pop("model_type")
+        cfg = CONFIG_MAPPING[kind](**d)
+    except KeyError as e:
+        raise EstimateError(f"{file}: transformers cannot read it as a config (no model_type, or unknown "
+                            f"model_type {e})") from None
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise EstimateError(f"{file}: transformers cannot read it as a config ({type(e).__name__}: {e})") from None
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+    for need in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not hasattr(cfg, need):
+            raise EstimateError(f"{file}: not a decoder LLM config (no {need})")
+    cfg.use_cache = True
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def _head_dim(cfg: Any) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def kv_bytes(cfg: Any, batch: int, length: int, dtype: torch.dtype) -> int:
+    """K and V of every layer at ``length`` positions."""
+    kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * batch * kvh * _head_dim(cfg) * length * dtype.itemsize
+
+
+@dataclass
+class Options:
+    name: str | None = None
+    config: str | None = None
+    batch: int = 1
+    prompt: int = 128
+    new_tokens: int = 128
+    dtype: str = "float16"
+    backends: tuple[str, ...] = ("inductor",)
+    cards: int = 1
+    hw: str | None = None
+    kv: tuple[int, ...] = (128, 2048, 8192)
+    layers: int | None = None
+    execute: bool = False          # functional run (small configs): same figures, real values
+    top: int = 10
+
+
+@dataclass
+class Phase:
+    """One profiled call: what the card would spend on it."""
+
+    est_us: float = 0.0
+    kernel_us: float = 0.0
+    fallback_us: float = 0.0       # host fallbacks: the host link's time for their bytes
+    launches: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    roofline_us: float = 0.0
+    graphs: int = 0                # Dynamo graphs compiled so far in this phase
+    first_call_s: float = 0.0      # wall time of the first call (compile + plan)
+    top: list[dict] = field(default_factory=list)
+
+
+def _profile_call(fn, top: int) -> Phase:
+    from ..runtime import profiler
+
+    with profiler.profile(record_segments=False) as p:
+        fn()
+    ph = Phase()
+    ph.kernel_us = p.total_est_us
+    ph.fallback_us = sum(f.est_us for f in p.fallbacks)
+    ph.est_us = ph.kernel_us + ph.fallback_us
+    ph.launches = len(p.kernels)
+    ph.roofline_us = sum(k.roofline_us for k in p.kernels)
+    for f in p.fallbacks:
+        ph.fallbacks[f.op] = ph.fallbacks.get(f.op, 0) + 1
+    for r in p.key_averages()[:top]:
+        ph.top.append({"kernel": r.name, "calls": r.calls, "est_us": round(r.est_us, 3),
+                       "share": round(r.est_us / ph.est_us, 4) if ph.est_us else 0.0, "bottleneck": r.bottleneck,
+                       "roofline_eff": round(r.efficiency, 4)})
+    return ph
+
+
+@contextlib.contextmanager
+def _hw(name: str | None, cards: int) -> Iterator[hardware.HardwareConfig]:
+    if name is not None and name not in hardware.PRESETS:
+        raise EstimateError(f"unknown hardware preset {name!r}; presets: {', '.join(hardware.PRESETS)}")
+    base = hardware.PRESETS[name] if name else hardware.get_config()
+    prev = hardware.set_config(base)
+    try:
+        yield base
+    finally:
+        hardware.set_config(prev)
+
+
+def _build(cfg: Any, dtype: torch.dtype, execute: bool) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if execute:                      # small configs only: random weights on the host, then moved
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval().to("spyre")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    return model.to_empty(device="spyre")            # accounted on the card, no host memory, no values
+
+
+def _ids(batch: int, n: int, vocab: int, execute: bool) -> torch.Tensor:
+    if execute:
+        return torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(0)).to("spyre")
+    return torch.empty(batch, n, dtype=torch.int64, device="spyre")
+
+
+def _cache(cfg: Any, batch: int, length: int, dtype: torch.dtype, execute: bool) -> Any:
+    """A KV cache holding ``length`` positions in every layer, its length dimension marked dynamic
+    (``dynamic=True`` does not reach tensors nested in the cache object: without the mark Dynamo
+    compiles the first length static and recompiles once at the second)."""
+    from transformers import DynamicCache
+
+    from ..compat import mark_dynamic
+
+    kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    cache = DynamicCache(config=cfg)
+    for i in range(cfg.num_hidden_layers):
+        shape = (batch, kvh, length, _head_dim(cfg))
+        make = torch.randn if execute else torch.empty
+        k, v = make(shape, dtype=dtype, device="spyre"), make(shape, dtype=dtype, device="spyre")
+        cache.update(k, v, i)
+    for layer in cache.layers:
+        mark_dynamic(layer.keys, 2)
+        mark_dynamic(layer.values, 2)
+    return cache
+
+
+def _graphs() -> int:
+    from ..compat import dynamo_counters as counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: None) -> dict[str, Any]:
+    """Prefill and decode estimates of one compiler; ``advance(label)`` ticks a progress bar."""
+    from ..compat import dynamo_counters as counters
+    from ..compat import dynamo_reset
+    from ..runtime import relayout
+
+    dtype = DTYPES[opts.dtype]
+    compiler = BACKENDS[backend]
+    out: dict[str, Any] = {"backend": backend}
+    dynamo_reset()
+    counters.clear()
+    torch.spyre.reset_fallback_stats()
+    mem0 = torch.spyre.memory_allocated()
+    with torch.spyre.estimate_only(not opts.execute), torch.no_grad():
+        model = _build(cfg, dtype, opts.execute)
+        weights = torch.spyre.memory_allocated() - mem0
+        out["weights_bytes"] = weights
+        advance("built")
+
+        # -- prefill: one forward over the prompt -------------------------------------------------
+        ids = _ids(opts.batch, opts.prompt, cfg.vocab_size, opts.execute)
+        prefill = torch.compile(model, backend=compiler)
+        torch.spyre.reset_peak_memory_stats()
+        before, relaid = torch.spyre.memory_allocated(), relayout.stats()["bytes"]
+        t0 = time.perf_counter()
+        prefill(input_ids=ids, use_cache=True)
+        cold = time.perf_counter() - t0
+        out["relayout_bytes"] = relayout.stats()["bytes"] - relaid
+        peak = torch.spyre.max_memory_allocated() - before - out["relayout_bytes"]
+        advance("prefill compiled")
+        ph = _profile_call(lambda: prefill(input_ids=ids, use_cache=True), opts.top)
+        ph.first_call_s = cold
+        ph.graphs = _graphs()
+        out["prefill"] = asdict(ph)
+        out["peak_prefill_bytes"] = peak          # activations and the prompt's KV cache
+        dynamo_reset()                            # warm: the same graphs again (caches on disk and in memory)
+        t0 = time.perf_counter()
+        torch.compile(model, backend=compiler)(input_ids=ids, use_cache=True)
+        out["prefill_warm_s"] = time.perf_counter() - t0
+        advance("prefill estimated")
+
+        # -- decode: one token with the KV cache at each length, one dynamic graph ----------------
+        dynamo_reset()
+        counters.clear()
+        decode = torch.compile(model, backend=compiler, dynamic=True)
+        tok = _ids(opts.batch, 1, cfg.vocab_size, opts.execute)
+        steps = []
+        for i, length in enumerate(_kv_lengths(cfg, opts)):
+            g0 = _graphs()
+            t0 = time.perf_counter()
+            decode(input_ids=tok, past_key_values=_cache(cfg, opts.batch, length, dtype, opts.execute), use_cache=True)
+            first = time.perf_counter() - t0
+            cache = _cache(cfg, opts.batch, length, dtype, opts.execute)
+            ph = _profile_call(lambda: decode(input_ids=tok, past_key_values=cache, use_cache=True), opts.top)
+            ph.first_call_s = first
+            ph.graphs = _graphs() - g0
+            del cache
+            steps.append({"kv": length, **asdict(ph)})
+            advance(f"decode kv={length}")
+        out["decode"] = steps
+        out["decode_graphs"] = _graphs()
+        out["recompiles"] = sum(s["graphs"] for s in steps[1:])
+        out["graph_breaks"] = int(sum(counters["graph_break"].values()))
+        del model, prefill, decode
+    out["tokens_per_s"], out["generate_us"] = _throughput(steps, opts)
+    return out
+
+
+def _kv_lengths(cfg: Any, opts: Options) -> list[int]:
+    """The decode lengths measured: those asked for that the model's positions allow, and the
+    generated range's ends (prompt, prompt + new tokens) for the throughput figure."""
+    limit = getattr(cfg, "max_position_embeddings", None) or 1 << 30
+    ask = {k for k in opts.kv if 0 < k <= limit} | {opts.prompt, min(opts.prompt + opts.new_tokens, limit)}
+    return sorted(ask)
+
+
+def _tpot(steps: list[dict], length: float) -> float:
+    """Decode time at ``length`` by linear interpolation between the measured lengths."""
+    pts = sorted((s["kv"], s["est_us"]) for s in steps)
+    for (l0, t0), (l1, t1) in zip(pts, pts[1:]):
+        if l0 <= length <= l1:
+            return t0 + (t1 - t0) * (length - l0) / (l1 - l0) if l1 > l0 else t0
+    return pts[0][1] if length < pts[0][0] else pts[-1][1]
+
+
+def _throughput(steps: list[dict], opts: Options) -> tuple[float, float]:
+    """Decode tokens per second over the generated range and the decode time of all new tokens."""
+    total = sum(_tpot(steps, opts.prompt + i) for i in range(opts.new_tokens))
+    return (opts.batch * opts.new_tokens / (total * 1e-6) if total else 0.0), total
+
+
+def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
+    """Run the estimate; returns the report (a JSON-able dict)."""
+    if opts.dtype not in DTYPES:
+        raise EstimateError(f"dtype {opts.dtype!r} is not one the card computes LLMs in; use one of "
+                            f"{', '.join(DTYPES)} (the card holds {hardware.dtype_names()})")
+    for b in opts.backends:
+        if b not in BACKENDS:
+            raise EstimateError(f"unknown backend {b!r}; one of {', '.join(BACKENDS)} or 'both'")
+    if opts.batch < 1 or opts.prompt < 1 or opts.new_tokens < 0 or opts.cards < 1:
+        raise EstimateError("--batch, --prompt and --cards must be >= 1, --new-tokens >= 0")
+    cfg = load_config(opts.name, opts.config, opts.layers)
+    dtype = DTYPES[opts.dtype]
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit and opts.prompt + opts.new_tokens > limit:
+        raise EstimateError(f"prompt {opts.prompt} + {opts.new_tokens} new tokens exceeds the model's "
+                            f"{limit} positions (max_position_embeddings)")
+    with _hw(opts.hw, opts.cards) as hw_cfg:
+        report = _memory(cfg, opts, dtype, hw_cfg)
+        report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
+                       "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
+                       "hw": hw_cfg.name, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
+                       "mode": "functional" if opts.execute else "estimate-only", "backends": {}})
+        if not report["fits"]:
+            return report
+        steps = 3 + len(_kv_lengths(cfg, opts))
+        with _progress(progress, len(opts.backends) * steps) as advance:
+            for b in opts.backends:
+                t0 = time.perf_counter()
+                r = run_backend(cfg, opts, b, lambda label: advance(f"{b}: {label}"))
+                r["wall_s"] = time.perf_counter() - t0
+                report["backends"][b] = r
+        _measured_memory(report, cfg, opts, dtype)
+    return report
+
+
+def _memory(cfg: Any, opts: Options, dtype: torch.dtype, hw_cfg: hardware.HardwareConfig) -> dict[str, Any]:
+    """Weights and KV cache from the config (exact), against the cards' capacity."""
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    params = sum(p.numel() for p in m.parameters())
+    weights = sum(p.numel() * p.element_size() for p in m.parameters()) + \
+        sum(b.numel() * b.element_size() for b in m.buffers())
+    del m
+    kv = kv_bytes(cfg, opts.batch, opts.prompt + opts.new_tokens, dtype)
+    cap = hw_cfg.usable_memory_bytes
+    need = weights + kv
+    cards = max(1, math.ceil(need / cap))
+    return {"params": params, "memory": {"weights_bytes": weights, "kv_cache_bytes": kv, "capacity_bytes": cap,
+                                         "cards": opts.cards},
+            "cards_needed": cards, "fits": cards <= 1}
+
+
+def _measured_memory(report: dict, cfg: Any, opts: Options, dtype: torch.dtype) -> None:
+    mem = report["memory"]
+    peaks = [r["peak_prefill_bytes"] for r in report["backends"].values()]
+    prompt_kv = kv_bytes(cfg, opts.batch, opts.prompt, dtype)
+    mem["peak_activations_bytes"] = max(0, max(peaks) - prompt_kv) if peaks else 0
+    mem["relayout_bytes"] = max(r["relayout_bytes"] for r in report["backends"].values())
+    total = mem["weights_bytes"] + mem["relayout_bytes"] + mem["kv_cache_bytes"] + mem["peak_activations_bytes"]
+    mem["total_bytes"] = total
+    report["cards_needed"] = max(1, math.ceil(total / mem["capacity_bytes"]))
+    report["fits"] = report["cards_needed"] <= 1
+
+
+@contextlib.contextmanager
+def _progress(show: bool, total: int):
+    if not show:
+        yield lambda label: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=False) as p:
+        task = p.add_task("estimate", total=total)
+        yield lambda label: p.update(task, advance=1, description=label)
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown (the same numbers as the JSON)."""
+    mem = report["memory"]
+    lines = [f"# vspyre estimate: {report['model']}",
+             "",
+             f"{report['params'] / 1e9:.2f}B parameters, {report['layers']} layers, {report['dtype']}, batch "
+             f"{report['batch']}, prompt {report['prompt']}, {report['new_tokens']} new tokens; hardware preset "
+             f"`{report['hw']}`; torch {report['torch']}; {report['mode']} (kernels planned and costed"
+             f"{'' if report['mode'] == 'functional' else ', not executed'}).",
+             "",
+             "## Device memory",
+             "",
+             "| | bytes |", "|---|---|",
+             f"| weights | {_gib(mem['weights_bytes'])} |",
+             f"| KV cache at {report['prompt'] + report['new_tokens']} positions | {_gib(mem['kv_cache_bytes'])} |"]
+    if "peak_activations_bytes" in mem:
+        lines.append(f"| re-laid weight copies (transposed matmul operands, kept on the card) | "
+                     f"{_gib(mem['relayout_bytes'])} |")
+        lines.append(f"| peak activations (prefill) | {_gib(mem['peak_activations_bytes'])} |")
+        lines.append(f"| total | {_gib(mem['total_bytes'])} |")
+    lines += [f"| one card's capacity | {_gib(mem['capacity_bytes'])} |", ""]
+    if not report["fits"]:
+        lines += [f"**Does not fit one card: needs {report['cards_needed']} cards** (multi-card execution is not "
+                  "modelled yet, so no times are estimated).", ""]
+        return "\n".join(lines)
+    bs = report["backends"]
+    names = list(bs)
+    head = "| | " + " | ".join(names) + " |"
+    sep = "|---|" + "---|" * len(names)
+    lines += ["## Time", "", head, sep]
+
+    def row(label: str, fn) -> None:
+        lines.append(f"| {label} | " + " | ".join(fn(bs[n]) for n in names) + " |")
+
+    row("time to first token (prefill)", lambda r: _ms(r["prefill"]["est_us"]))
+    row("prefill roofline efficiency", lambda r: f"{r['prefill']['roofline_us'] / r['prefill']['est_us']:.0%}"
+        if r["prefill"]["est_us"] else "-")
+    for i, s in enumerate(bs[names[0]]["decode"]):
+        row(f"time per output token, KV {s['kv']}", lambda r, i=i: _ms(r["decode"][i]["est_us"]))
+    row(f"decode tokens/s (batch {report['batch']})", lambda r: f"{r['tokens_per_s']:.1f}")
+    row("kernel launches (prefill / decode step)",
+        lambda r: f"{r['prefill']['launches']} / {r['decode'][0]['launches']}")
+    row("host fallbacks (prefill / decode step)",
+        lambda r: f"{sum(r['prefill']['fallbacks'].values())} / {sum(r['decode'][0]['fallbacks'].values())}")
+    row("compile, prefill: cold / warm", lambda r: f"{r['prefill']['first_call_s']:.1f} s / {r['prefill_warm_s']:.1f} s")
+    row("compile, decode (first step)", lambda r: f"{r['decode'][0]['first_call_s']:.1f} s")
+    row("decode graphs / recompiles over KV lengths",
+        lambda r: f"{r['decode_graphs']} / {r['recompiles']}")
+    row("graph breaks", lambda r: str(r["graph_breaks"]))
+    lines.append("")
+    for n in names:
+        lines += [f"## Top prefill kernels: {n}", "", "| kernel | calls | est. | share | bottleneck | roofline eff. |",
+                  "|---|---|---|---|---|---|"]
+        for k in bs[n]["prefill"]["top"]:
+            lines.append(f"| `{k['kernel']}` | {k['calls']} | {_ms(k['est_us'])} | {k['share']:.1%} | "
+                         f"{k['bottleneck']} | {k['roofline_eff']:.0%} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"estimate-{report['model'].removesuffix('.json')}")
+    with open(stem + ".json", "w") as fh:
+        json.dump(report, fh, indent=1)
+    with open(stem + ".md", "w") as fh:
+        fh.write(markdown(report) + "\n")
+    return [stem + ".json", stem + ".md"]

@@ -1,0 +1,102 @@
+"""`vspyre estimate`: full-size LLM figures without weights; checked against a functional run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vspyre import cli
+from vspyre.harness import estimate as E
+
+TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512,
+        "tie_word_embeddings": False}
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    p = tmp_path / "tiny.json"
+    p.write_text(json.dumps(TINY))
+    return str(p)
+
+
+def _figures(r: dict) -> dict:
+    b = r["backends"]["inductor"]
+    return {"prefill": (b["prefill"]["est_us"], b["prefill"]["launches"], [k["kernel"] for k in b["prefill"]["top"]]),
+            "decode": [(s["kv"], s["est_us"], s["launches"]) for s in b["decode"]],
+            "fallbacks": (b["prefill"]["fallbacks"], [s["fallbacks"] for s in b["decode"]])}
+
+
+def test_estimate_only_gives_the_figures_of_a_functional_run(tiny_config):
+    opts = dict(config=tiny_config, prompt=32, new_tokens=8, kv=(32, 64), backends=("inductor",))
+    est = E.estimate(E.Options(**opts), progress=False)
+    run = E.estimate(E.Options(**opts, execute=True), progress=False)
+    assert est["mode"] == "estimate-only" and run["mode"] == "functional"
+    assert _figures(est) == _figures(run)
+    assert est["memory"]["weights_bytes"] == run["memory"]["weights_bytes"]
+    b = est["backends"]["inductor"]
+    assert b["prefill"]["est_us"] > 0 and b["tokens_per_s"] > 0
+    assert b["decode_graphs"] == 1 and b["recompiles"] == 0      # one dynamic graph for every KV length
+    assert [s["kv"] for s in b["decode"]] == [32, 40, 64]           # asked, plus the generated range's ends
+
+
+def test_cli_both_compilers_writes_json_and_markdown(tiny_config, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["estimate", "--config", tiny_config, "--prompt", "16", "--new-tokens", "4", "--kv", "16",
+                   "--backend", "both", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    report = json.loads((out / "estimate-tiny.json").read_text())
+    assert set(report["backends"]) == {"inductor", "standalone"} and report["fits"]
+    for b in report["backends"].values():
+        assert b["prefill"]["est_us"] > 0 and b["decode"][0]["est_us"] > 0
+    md = (out / "estimate-tiny.md").read_text()
+    assert "time to first token" in md and "| inductor | standalone |" in md
+
+
+@pytest.mark.slow
+def test_cli_a_two_layer_llama_3_8b_at_full_width(tmp_path):
+    rss0 = _rss()
+    rc = cli.main(["estimate", "llama-3-8b", "--layers", "2", "--prompt", "128", "--new-tokens", "8", "--kv", "128",
+                   "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    r = json.loads((tmp_path / "estimate-llama-3-8b.json").read_text())
+    b = r["backends"]["inductor"]
+    assert r["memory"]["weights_bytes"] > 2.5 * 2**30                # 2 layers + 128256-word embedding and head
+    assert _rss() - rss0 < 1.5 * 2**30                               # no weights in host memory
+    assert b["prefill"]["fallbacks"] == {} and b["recompiles"] == 0
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nosuch-model"], "unknown config 'nosuch-model'; built in: granite-3-8b, llama-3-70b, llama-3-8b"),
+    (["llama-3-8b", "--dtype", "float64"], "dtype 'float64' is not one the card computes LLMs in"),
+    (["llama-3-8b", "--dtype", "int8"], "dtype 'int8' is not one the card computes LLMs in"),
+    (["llama-3-8b", "--prompt", "8192", "--new-tokens", "1"], "exceeds the model's 8192 positions"),
+    (["llama-3-8b", "--backend", "standalone", "--hw", "nosuch"], "unknown hardware preset 'nosuch'"),
+])
+def test_bad_input_is_one_line_and_nonzero(argv, message, capsys, tmp_path):
+    assert cli.main(["estimate", *argv, "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_a_file_transformers_cannot_read(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model_type": "not-a-model", "hidden_size": 3}))
+    assert cli.main(["estimate", "--config", str(bad), "--out", str(tmp_path)]) == 2
+    assert "transformers cannot read it as a config" in capsys.readouterr().err
+
+
+def test_a_model_that_does_not_fit_says_how_many_cards(tmp_path, capsys):
+    before = torch.spyre.memory_allocated()
+    assert cli.main(["estimate", "llama-3-70b", "--out", str(tmp_path), "--no-progress"]) == 3
+    assert "does not fit one card (needs 2)" in capsys.readouterr().err
+    r = json.loads((tmp_path / "estimate-llama-3-70b.json").read_text())
+    assert not r["fits"] and r["cards_needed"] == 2 and r["memory"]["weights_bytes"] > 130e9
+    assert torch.spyre.memory_allocated() == before                   # decided from the config, nothing allocated
