@@ -58,6 +58,8 @@ def main() -> None:
     depths = [int(d) for d in args.depths.split(",")]
     backends = args.backends.split(",")
     rows = []
+    cache = E.fresh_compile_caches()      # every depth compiles cold, even after earlier runs
+    cache.__enter__()
     first_calls(E.load_config(args.config, layers=1), backends[0], 8, 8)     # imports and one-time set-up
     for d in depths:
         cfg = E.load_config(args.config, layers=d)

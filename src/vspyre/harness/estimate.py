@@ -262,6 +262,26 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     return out
 
 
+@contextlib.contextmanager
+def fresh_compile_caches() -> Iterator[str]:
+    """Inductor's on-disk caches (FX graphs, AOTAutograd) in a new directory for the duration, so a
+    cold compile is cold even when an earlier run compiled the same graphs."""
+    import shutil
+    import tempfile
+
+    prev = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    d = tempfile.mkdtemp(prefix="vspyre-estimate-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
+    try:
+        yield d
+    finally:
+        if prev is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = prev
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _kv_lengths(cfg: Any, opts: Options) -> list[int]:
     """The decode lengths measured: those asked for that the model's positions allow, and the
     generated range's ends (prompt, prompt + new tokens) for the throughput figure."""
@@ -301,7 +321,7 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
     if limit and opts.prompt + opts.new_tokens > limit:
         raise EstimateError(f"prompt {opts.prompt} + {opts.new_tokens} new tokens exceeds the model's "
                             f"{limit} positions (max_position_embeddings)")
-    with _hw(opts.hw, opts.cards) as hw_cfg:
+    with _hw(opts.hw, opts.cards) as hw_cfg, fresh_compile_caches():
         report = _memory(cfg, opts, dtype, hw_cfg)
         report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
                        "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
