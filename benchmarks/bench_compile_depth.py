@@ -58,15 +58,14 @@ def main() -> None:
     depths = [int(d) for d in args.depths.split(",")]
     backends = args.backends.split(",")
     rows = []
-    cache = E.fresh_compile_caches()      # every depth compiles cold, even after earlier runs
-    cache.__enter__()
-    first_calls(E.load_config(args.config, layers=1), backends[0], 8, 8)     # imports and one-time set-up
-    for d in depths:
-        cfg = E.load_config(args.config, layers=d)
-        for b in backends:
-            p, dec = first_calls(cfg, b, args.prompt, args.kv)
-            rows.append({"layers": d, "backend": b, "prefill_s": p, "decode_s": dec})
-            print(f"  {b:10s} {d:3d} layers: prefill {p:6.1f} s  decode {dec:6.1f} s", flush=True)
+    with E.fresh_compile_caches():      # every depth compiles cold, even after earlier runs
+        first_calls(E.load_config(args.config, layers=1), backends[0], 8, 8)     # imports, one-time set-up
+        for d in depths:
+            cfg = E.load_config(args.config, layers=d)
+            for b in backends:
+                p, dec = first_calls(cfg, b, args.prompt, args.kv)
+                rows.append({"layers": d, "backend": b, "prefill_s": p, "decode_s": dec})
+                print(f"  {b:10s} {d:3d} layers: prefill {p:6.1f} s  decode {dec:6.1f} s", flush=True)
     print(f"\ncompile time (first call) against depth, {args.config} width, prefill {args.prompt} tokens, "
           f"decode with KV {args.kv} (dynamic=True)")
     print(f"{'layers':>6} | " + " | ".join(f"{b + ' prefill':>18} {b + ' decode':>18}" for b in backends)

@@ -111,11 +111,22 @@ def _map(fn: Any, x: Any) -> Any:
 
 
 def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in an op's arguments or results (tuples, lists, dicts)."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):
         for v in x:
             yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+def _meta_like(x: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with ``x``'s dtype, sizes, strides and storage offset (shapes without values)."""
+    span = x.untyped_storage().nbytes() // max(1, x.element_size())
+    return torch.empty(max(span, x.storage_offset() + 1), dtype=x.dtype, device="meta").as_strided(
+        x.size(), x.stride(), x.storage_offset())
 
 
 class _OpInfo:
@@ -325,13 +336,13 @@ def _link_bytes(info: "_OpInfo | None", args: Any, kwargs: dict, result: Any) ->
     if info is not None:
         for i in info.mutable:
             outs.update((id(t), 1 if i in info.out_args else 2) for t in _tensors(_arg(info, i, args, kwargs)))
-    ins = [t for t in _iter_meta([args, kwargs]) if t.device.type == "spyre"]
+    ins = [t for t in _tensors([args, kwargs]) if t.device.type == "spyre"]
     storages = {t.untyped_storage()._cdata for t in ins}
     n = 0
     for t in ins:
         size = t.numel() * t.element_size()
         n += size * outs.get(id(t), 1)
-    n += sum(t.numel() * t.element_size() for t in _iter_meta([result])
+    n += sum(t.numel() * t.element_size() for t in _tensors(result)
              if t.device.type == "spyre" and t.untyped_storage()._cdata not in storages)
     return n
 
@@ -349,9 +360,7 @@ def _shape_only(op: Any, info: _OpInfo, args: tuple, kwargs: dict, target: torch
     def to_meta(x: Any) -> Any:
         if not isinstance(x, torch.Tensor) or x.device.type not in ("spyre", "cpu"):
             return x
-        span = x.untyped_storage().nbytes() // max(1, x.element_size())
-        m = torch.empty(max(span, x.storage_offset() + 1), dtype=x.dtype, device="meta").as_strided(
-            x.size(), x.stride(), x.storage_offset())
+        m = _meta_like(x)
         if x.device.type == "spyre":
             dev_of[id(m)] = x
         return m
@@ -367,7 +376,6 @@ def _shape_only(op: Any, info: _OpInfo, args: tuple, kwargs: dict, target: torch
     m_kwargs = {k: _map(to_meta, v) for k, v in kwargs.items()}
     if "device" in m_kwargs:
         m_kwargs["device"] = torch.device("meta")
-    keep = [v for v in list(m_args) + list(m_kwargs.values())]   # ids in dev_of stay valid
     try:
         out = op(*m_args, **m_kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with the op named
@@ -375,12 +383,13 @@ def _shape_only(op: Any, info: _OpInfo, args: tuple, kwargs: dict, target: torch
             f"spyre: {info.name} has no device kernel, and in estimate-only mode its host fallback runs "
             f"on shapes alone, which this op cannot ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             f"its result depends on values (data-dependent), which this mode does not compute") from None
-    inputs = [m for m in _iter_meta(keep) if id(m) in dev_of]
+    # m_args/m_kwargs keep every stand-in alive, so an id in dev_of is still that stand-in's
+    inputs = [m for m in _tensors([m_args, m_kwargs]) if id(m) in dev_of]
 
     def back(x: Any) -> Any:
         if not isinstance(x, torch.Tensor) or x.device.type != "meta":
             return x
-        d = dev_of.get(id(x)) if any(m is x for m in inputs) else None
+        d = dev_of.get(id(x))
         if d is not None:                          # in-place / out=: the argument itself
             if d.size() != x.size() or d.stride() != x.stride():
                 with torch.no_grad():
@@ -395,16 +404,6 @@ def _shape_only(op: Any, info: _OpInfo, args: tuple, kwargs: dict, target: torch
         return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=target)
 
     return _map(back, out)
-
-
-def _iter_meta(xs: Any) -> Iterator[torch.Tensor]:
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            yield from _iter_meta(x)
-        elif isinstance(x, dict):
-            yield from _iter_meta(x.values())
 
 
 def _swap_generator(info: _OpInfo, h_args: list, h_kwargs: dict, dev_index: int):
@@ -621,10 +620,8 @@ def _host_call(name: str, device: torch.device, fn, *args: Any) -> Any:
                                 "mode forbids that (torch.spyre.set_fallback_mode('allow') permits it)")
     t0 = time.perf_counter_ns()
     if _C._estimate_only():     # shapes only: fn on meta stand-ins, results without values
-        def meta(a: Any) -> Any:
-            return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device="meta") if _is_spyre(a) else a
         try:
-            out = fn(*[meta(a) for a in args])
+            out = fn(*[_meta_like(a) if _is_spyre(a) else a for a in args])
         except Exception as e:  # noqa: BLE001 - re-raised with the op named
             raise EstimateOnlyError(f"spyre: {name} cannot run on shapes alone in estimate-only mode "
                                     f"({type(e).__name__}: {e})") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["host", "estimate_only", "has_values"]
@@ -18,7 +20,7 @@ def host(t: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"vspyre runtime: tensor on device {t.device} is neither cpu nor spyre")
 
 
-
+@functools.cache
 def _device_ext():
     try:
         from vspyre.device._ext import _C   # lazy: the runtime runs without the device too (tests)

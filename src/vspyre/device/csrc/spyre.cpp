@@ -91,6 +91,9 @@ struct Block {
 // no pages), so an 8B model costs no host memory. Such memory has no values: every door to its
 // bytes (host_view, copies to the host, fills) checks and raises or skips.
 std::atomic<bool> g_estimate_only{false};
+// Live blocks without values: while there are none (every functional run), the per-access check
+// is one atomic load instead of a locked lookup.
+std::atomic<int64_t> g_phantom_blocks{0};
 
 static std::string fmt_bytes(int64_t b) {
   std::ostringstream os;
@@ -163,6 +166,7 @@ class SpyreAllocator final : public c10::Allocator {
       s.live_blocks++;
       s.live_blocks_peak = std::max(s.live_blocks_peak, s.live_blocks);
       blocks_[ptr] = Block{rounded, nbytes, dev, phantom};
+      if (phantom) g_phantom_blocks++;
     }
     return {ptr, ptr, &SpyreAllocator::deleter, device};
   }
@@ -185,6 +189,7 @@ class SpyreAllocator final : public c10::Allocator {
       s.live_blocks--;
       phantom = it->second.phantom;
       rounded = it->second.rounded;
+      if (phantom) g_phantom_blocks--;
       blocks_.erase(it);
     }
     if (phantom) munmap(ptr, rounded);
@@ -193,7 +198,7 @@ class SpyreAllocator final : public c10::Allocator {
 
   // Whether the block starting at ptr has no values (allocated in estimate-only mode).
   bool is_phantom(const void* ptr) {
-    if (ptr == nullptr) return false;
+    if (ptr == nullptr || g_phantom_blocks.load() == 0) return false;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(const_cast<void*>(ptr));
     return it != blocks_.end() && it->second.phantom;
@@ -515,8 +520,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   (void)non_blocking;  // every copy is synchronous on the virtual card
   if (dst.device().type() == kSpyre) check_dtype(dst.scalar_type(), "copy_");
   if (phantom(dst)) return dst;             // estimate-only: nothing to write, no values to keep
-  if (phantom(self)) check_values(self, dst.device().type() == kSpyre ? "copy_ (into a tensor with values)"
-                                                                      : "copy_ (to the host)");
+  check_values(self, dst.device().type() == kSpyre ? "copy_ (into a tensor with values)" : "copy_ (to the host)");
   if (self.device().type() == kSpyre && dst.device().type() != kSpyre &&
       dst.device().type() != c10::kCPU) {
     TORCH_CHECK(false, "spyre: copy to ", dst.device(), " is not supported (copy through cpu)");
@@ -538,10 +542,10 @@ void resize_bytes(c10::StorageImpl* storage, size_t newsize) {
   TORCH_CHECK(storage->resizable(), "spyre: trying to resize storage that is not resizable");
   c10::DeviceGuard guard(storage->device());
   const bool was_phantom = g_allocator.is_phantom(storage->data());
-  c10::DataPtr fresh = g_allocator.allocate_as(newsize, was_phantom || g_estimate_only.load());
+  const bool to_phantom = was_phantom || g_estimate_only.load();   // no values in, or none kept
+  c10::DataPtr fresh = g_allocator.allocate_as(newsize, to_phantom);
   size_t keep = std::min(newsize, storage->nbytes());
-  if (keep > 0 && storage->data() != nullptr && !was_phantom && !g_allocator.is_phantom(fresh.get()))
-    std::memcpy(fresh.get(), storage->data(), keep);
+  if (keep > 0 && storage->data() != nullptr && !to_phantom) std::memcpy(fresh.get(), storage->data(), keep);
   storage->set_data_ptr_noswap(std::move(fresh));
   storage->set_nbytes(newsize);
 }
