@@ -137,7 +137,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     paths = E.write(report, args.out)
     print("vspyre estimate: " + ", ".join(paths))
     if not report["fits"]:
-        print(f"vspyre estimate: does not fit one card (needs {report['cards_needed']})", file=sys.stderr)
+        print(f"vspyre estimate: does not fit {E._cards(opts.cards)} (needs {report['cards_needed']})", file=sys.stderr)
         return 3
     return 0
 
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (decode)")
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
     p.add_argument("--backend", default="inductor", choices=["inductor", "standalone", "both"])
-    p.add_argument("--cards", type=int, default=1, help="cards the memory check may use (times are one card's)")
+    p.add_argument("--cards", type=int, default=1, help="cards whose device memory the model may use, pooled (times are one card's)")
     p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, measured)")
     p.add_argument("--kv", default="128,2048,8192", help="KV-cache lengths to time a decode step at")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers (a shallower model)")

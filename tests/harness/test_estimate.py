@@ -102,3 +102,15 @@ def test_a_model_that_does_not_fit_says_how_many_cards(tmp_path, capsys):
     r = json.loads((tmp_path / "estimate-llama-3-70b.json").read_text())
     assert not r["fits"] and r["cards_needed"] == 2 and r["memory"]["weights_bytes"] > 130e9
     assert torch.spyre.memory_allocated() == before                   # decided from the config, nothing allocated
+
+
+def test_cards_pool_memory_for_the_fit_decision():
+    cfg = E.load_config("llama-3-70b")
+    with E._hw(None, 2) as two:
+        r2 = E._memory(cfg, E.Options(name="llama-3-70b", cards=2), torch.float16, two)
+    with E._hw(None, 1) as one:
+        r1 = E._memory(cfg, E.Options(name="llama-3-70b"), torch.float16, one)
+    assert r1["cards_needed"] == r2["cards_needed"] == 2
+    assert not r1["fits"] and r2["fits"]
+    assert r1["memory"]["capacity_bytes"] == r2["memory"]["capacity_bytes"] == one.usable_memory_bytes
+    assert two.usable_memory_bytes == 2 * one.usable_memory_bytes

@@ -17,6 +17,7 @@ interpolated over the generated range (a decode step's time is affine in the KV 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -141,9 +142,14 @@ def _profile_call(fn, top: int) -> Phase:
 
 @contextlib.contextmanager
 def _hw(name: str | None, cards: int) -> Iterator[hardware.HardwareConfig]:
+    """The preset asked for; with ``cards`` > 1 its device memory pooled over that many cards (one
+    card's compute: multi-card execution is not modelled, only the memory a split would give)."""
     if name is not None and name not in hardware.PRESETS:
         raise EstimateError(f"unknown hardware preset {name!r}; presets: {', '.join(hardware.PRESETS)}")
     base = hardware.PRESETS[name] if name else hardware.get_config()
+    if cards > 1:
+        base = dataclasses.replace(base, device_memory_bytes=base.device_memory_bytes * cards,
+                                   ecc_bytes=base.ecc_bytes * cards)
     prev = hardware.set_config(base)
     try:
         yield base
@@ -350,12 +356,11 @@ def _memory(cfg: Any, opts: Options, dtype: torch.dtype, hw_cfg: hardware.Hardwa
         sum(b.numel() * b.element_size() for b in m.buffers())
     del m
     kv = kv_bytes(cfg, opts.batch, opts.prompt + opts.new_tokens, dtype)
-    cap = hw_cfg.usable_memory_bytes
-    need = weights + kv
-    cards = max(1, math.ceil(need / cap))
+    cap = hw_cfg.usable_memory_bytes // opts.cards          # one card's
+    cards = max(1, math.ceil((weights + kv) / cap))
     return {"params": params, "memory": {"weights_bytes": weights, "kv_cache_bytes": kv, "capacity_bytes": cap,
                                          "cards": opts.cards},
-            "cards_needed": cards, "fits": cards <= 1}
+            "cards_needed": cards, "fits": cards <= opts.cards}
 
 
 def _measured_memory(report: dict, cfg: Any, opts: Options, dtype: torch.dtype) -> None:
@@ -367,7 +372,7 @@ def _measured_memory(report: dict, cfg: Any, opts: Options, dtype: torch.dtype) 
     total = mem["weights_bytes"] + mem["relayout_bytes"] + mem["kv_cache_bytes"] + mem["peak_activations_bytes"]
     mem["total_bytes"] = total
     report["cards_needed"] = max(1, math.ceil(total / mem["capacity_bytes"]))
-    report["fits"] = report["cards_needed"] <= 1
+    report["fits"] = report["cards_needed"] <= mem["cards"]
 
 
 @contextlib.contextmanager
@@ -384,6 +389,10 @@ def _progress(show: bool, total: int):
 
 
 # -- rendering --------------------------------------------------------------------------------
+
+def _cards(n: int) -> str:
+    return "one card" if n == 1 else f"{n} cards"
+
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
@@ -414,9 +423,12 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| peak activations (prefill) | {_gib(mem['peak_activations_bytes'])} |")
         lines.append(f"| total | {_gib(mem['total_bytes'])} |")
     lines += [f"| one card's capacity | {_gib(mem['capacity_bytes'])} |", ""]
+    if mem["cards"] > 1:
+        lines += [f"Device memory pooled over {mem['cards']} cards; times are one card's (multi-card execution "
+                  "is not modelled).", ""]
     if not report["fits"]:
-        lines += [f"**Does not fit one card: needs {report['cards_needed']} cards** (multi-card execution is not "
-                  "modelled yet, so no times are estimated).", ""]
+        lines += [f"**Does not fit {_cards(mem['cards'])}: needs {report['cards_needed']} cards** (multi-card "
+                  "execution is not modelled yet, so no times are estimated).", ""]
         return "\n".join(lines)
     bs = report["backends"]
     names = list(bs)
