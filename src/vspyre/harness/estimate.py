@@ -184,9 +184,9 @@ def _cache(cfg: Any, batch: int, length: int, dtype: torch.dtype, execute: bool)
 
     kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     cache = DynamicCache(config=cfg)
+    shape = (batch, kvh, length, _head_dim(cfg))
+    make = torch.randn if execute else torch.empty
     for i in range(cfg.num_hidden_layers):
-        shape = (batch, kvh, length, _head_dim(cfg))
-        make = torch.randn if execute else torch.empty
         k, v = make(shape, dtype=dtype, device="spyre"), make(shape, dtype=dtype, device="spyre")
         cache.update(k, v, i)
     for layer in cache.layers:
@@ -247,7 +247,7 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
         decode = torch.compile(model, backend=compiler, dynamic=True)
         tok = _ids(opts.batch, 1, cfg.vocab_size, opts.execute)
         steps = []
-        for i, length in enumerate(_kv_lengths(cfg, opts)):
+        for length in _kv_lengths(cfg, opts):
             g0 = _graphs()
             t0 = time.perf_counter()
             decode(input_ids=tok, past_key_values=_cache(cfg, opts.batch, length, dtype, opts.execute), use_cache=True)
