@@ -11,8 +11,9 @@ import torch  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _fresh_fallback_state():
-    """Each test starts with allow mode and empty fallback counters."""
+    """Each test starts with allow mode and empty fallback and eager-kernel counters."""
     prev = torch.spyre.set_fallback_mode("allow")
     torch.spyre.reset_fallback_stats()
+    torch.spyre.reset_eager_kernel_stats()
     yield
     torch.spyre.set_fallback_mode(prev)

@@ -7,7 +7,10 @@ Layers (imports go one way, downwards in this list):
 * ``vspyre.device`` - the PyTorch device ``spyre`` (C++ allocator/guard/hooks, host fallback,
   the ``torch.spyre`` module);
 * ``vspyre.ir`` - tile programs, the op registry (semantics and cost), planning helpers;
-* ``vspyre.runtime`` - executes tile programs; latency model; profiler.
+* ``vspyre.runtime`` - executes tile programs; latency model; profiler;
+* ``vspyre.inductor``, ``vspyre.standalone`` - the two compilers;
+* ``vspyre.eager`` - eager ATen ops as device kernels (built through the standalone op table);
+* ``vspyre.harness`` - the parity harness and CLI.
 """
 
 __version__ = "0.1.0"
@@ -25,6 +28,13 @@ def _autoload() -> None:
     from .inductor import install_hooks
 
     install_hooks()
+
+    from . import eager
+
+    eager.register()
+    torch.spyre.eager_kernel_stats = eager.stats
+    torch.spyre.reset_eager_kernel_stats = eager.reset_stats
+    torch.spyre.eager_kernels = eager.enabled
 
 
 def profile(*args, **kwargs):

@@ -38,15 +38,22 @@ def test_out_tensor_resized_to_a_strided_layout():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_layer_and_group_norm_run_whole_on_the_host(dtype):
-    """native_layer_norm / native_group_norm are one host fallback each (their math composite
-    split into fp16 steps was 2e-3 off), and match the CPU kernel exactly, also for shape [1]."""
+def test_layer_and_group_norm_run_whole(dtype):
+    """native_layer_norm is one device kernel (fp32 inside, one rounding) and native_group_norm
+    one host fallback (their math composites split into fp16 steps were 2e-3 off); without eager
+    kernels layer norm is one host fallback matching the CPU kernel exactly, also for shape [1]."""
     torch.manual_seed(0)
     x, w, b = torch.randn(4, 6, dtype=dtype), torch.randn(6, dtype=dtype), torch.randn(6, dtype=dtype)
     torch.spyre.reset_fallback_stats()
     got = torch.nn.functional.layer_norm(x.to("spyre"), (6,), w.to("spyre"), b.to("spyre"))
+    assert torch.spyre.fallback_stats() == {}
+    assert torch.spyre.eager_kernel_stats()["calls"] == {"aten::native_layer_norm": 1}
+    want = torch.nn.functional.layer_norm(x, (6,), w, b)
+    torch.testing.assert_close(got.cpu(), want, **({"rtol": 1e-3, "atol": 2e-3} if dtype == torch.float16 else {}))
+    with torch.spyre.eager_kernels(False):
+        got = torch.nn.functional.layer_norm(x.to("spyre"), (6,), w.to("spyre"), b.to("spyre"))
     assert dict(torch.spyre.fallback_stats()) == {"aten::native_layer_norm": 1}
-    torch.testing.assert_close(got.cpu(), torch.nn.functional.layer_norm(x, (6,), w, b), rtol=0, atol=0)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
     g = torch.randn(2, 6, 5, dtype=dtype)
     torch.testing.assert_close(torch.nn.functional.group_norm(g.to("spyre"), 3).cpu(),
                                torch.nn.functional.group_norm(g, 3), rtol=0, atol=0)

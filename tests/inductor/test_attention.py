@@ -45,11 +45,16 @@ def test_sdpa_at_seq_1024_is_one_flash_program(backend, kind):
     assert sum(k.bytes_moved for k in got.kernels) < s_bytes
 
 
-def test_eager_sdpa_on_the_card_is_one_host_fallback():
+def test_eager_sdpa_on_the_card_is_one_device_kernel():
     q = torch.randn(1, 2, 16, 8)
     torch.spyre.reset_fallback_stats()
-    out = F.scaled_dot_product_attention(q.to("spyre"), q.to("spyre"), q.to("spyre"), is_causal=True)
+    with Launches() as got:
+        out = F.scaled_dot_product_attention(q.to("spyre"), q.to("spyre"), q.to("spyre"), is_causal=True)
     torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    assert torch.spyre.fallback_stats() == {}
+    assert [(k.name, k.source) for k in got.kernels] == [("attention", "eager")]
+    with torch.spyre.eager_kernels(False):      # without eager kernels: one host fallback, not a dozen
+        F.scaled_dot_product_attention(q.to("spyre"), q.to("spyre"), q.to("spyre"), is_causal=True)
     assert torch.spyre.fallback_stats() == {"aten::_scaled_dot_product_fused_attention_overrideable": 1}
 
 
@@ -67,7 +72,8 @@ def test_weight_is_relaid_once_and_again_after_an_update(backend):
         held = torch.spyre.memory_allocated() - before
         w.add_(1.0)                               # an in-place update: the re-laid copy is stale
         cf(x, w)
-    assert len(got.kernels) == 11
+    assert len([k for k in got.kernels if k.source != "eager"]) == 11
+    assert [k.name for k in got.kernels if k.source == "eager"] == ["add"]     # w.add_(1.0) on the card
     assert len(got.relayouts) == 2, [k.name for k in got.relayouts]
     assert all(k.est_us > 0 and "re-lay" in k.segments[0].label for k in got.relayouts)
     assert held >= w.numel() * w.element_size()   # the re-laid copy lives in device memory

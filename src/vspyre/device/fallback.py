@@ -78,6 +78,11 @@ def context(name: str) -> Iterator[None]:
         _local.context = prev
 
 
+def current_context() -> str:
+    """``"eager"``, or ``"compiled"`` inside a compiled graph."""
+    return getattr(_local, "context", "eager")
+
+
 def stats() -> dict[str, int]:
     """How often each op ran as a host fallback since the last reset, most frequent first."""
     with _lock:
@@ -542,12 +547,36 @@ def _to_device(out: Any, host_of: dict[int, tuple[torch.Tensor, torch.Tensor]], 
 # it to the host fallback like any other op, under the name of the op that actually runs.
 _overrideable_lib = None
 
+# Device kernels from a layer above (vspyre.eager) for the ops this module registers Python kernels
+# for itself (a second registration of the same op would be refused): tried first; a kernel
+# returns NotImplemented when it has no tile form for a call, which then runs on the host here.
+_device_kernels: dict[str, Callable[..., Any]] = {}
+PYTHON_KERNEL_OPS: set[str] = set()
+
+
+def set_device_kernel(name: str, fn: Callable[..., Any] | None) -> None:
+    """Install (or with ``None`` remove) the device kernel tried first for ``name``, one of
+    :data:`PYTHON_KERNEL_OPS` (e.g. ``"aten::convolution_overrideable"``)."""
+    if name not in PYTHON_KERNEL_OPS:
+        raise KeyError(f"spyre: {name} has no Python kernel in the device layer; register its kernel with "
+                       "torch.library instead")
+    if fn is None:
+        _device_kernels.pop(name, None)
+    else:
+        _device_kernels[name] = fn
+
+
+def host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """Run ``op`` as a counted host fallback (what every op without a device kernel does); for
+    device kernels that have no tile form for a particular call."""
+    return _host_fallback(op, *args, **kwargs)
+
 
 def register_overrideable_kernels() -> None:
     global _overrideable_lib
     if _overrideable_lib is not None:
         return
-    lib = torch.library.Library("aten", "IMPL")
+    lib = _KernelLib(torch.library.Library("aten", "IMPL"))
     aten = torch.ops.aten
 
     def conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -606,7 +635,28 @@ def register_overrideable_kernels() -> None:
     # host aliases), named after the op, not as a dozen.
     lib.impl("_scaled_dot_product_fused_attention_overrideable", _sdpa_eager, "PrivateUse1")
     lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _sdpa_backward_eager, "PrivateUse1")
-    _overrideable_lib = lib
+    _overrideable_lib = lib.lib
+
+
+class _KernelLib:
+    """Registers this module's Python kernels so that a device kernel set with
+    :func:`set_device_kernel` is tried before each."""
+
+    def __init__(self, lib: torch.library.Library) -> None:
+        self.lib = lib
+
+    def impl(self, name: str, fn: Callable[..., Any], key: str) -> None:
+        full = f"aten::{name}"                  # as trace.op_name spells the overload
+        PYTHON_KERNEL_OPS.add(full)
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            dk = _device_kernels.get(full)
+            if dk is not None:
+                out = dk(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            return fn(*args, **kwargs)
+        self.lib.impl(name, kernel, key)
 
 
 _SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"

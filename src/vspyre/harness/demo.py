@@ -35,12 +35,16 @@ def run(console: Console | None = None) -> int:
     base_mem = torch.spyre.memory_allocated()
     dev_case = copy.deepcopy(case).to("spyre")
     weights = torch.spyre.memory_allocated() - base_mem
-    _logits(dev_case.model, dev_case.inputs)                     # warm-up
+    _logits(dev_case.model, dev_case.inputs)                     # warm-up: builds the eager kernels
     torch.spyre.reset_fallback_stats()
+    torch.spyre.reset_eager_kernel_stats()
     t0 = time.perf_counter()
     out = _logits(dev_case.model, dev_case.inputs)
     wall = time.perf_counter() - t0
     got = out.cpu()
+    kernels = torch.spyre.eager_kernel_stats()["calls"]
+    with torch.spyre.profile() as eager_prof:
+        _logits(dev_case.model, dev_case.inputs)
 
     max_err = (got - ref).abs().max().item()
     ok = torch.allclose(got, ref, rtol=1e-3, atol=1e-3)
@@ -51,6 +55,8 @@ def run(console: Console | None = None) -> int:
     summary.add_row("output", f"logits {tuple(got.shape)} {got.dtype}")
     summary.add_row("matches CPU fp32", f"{'yes' if ok else 'NO'} (max |diff| = {max_err:.2e}, allclose 1e-3)")
     summary.add_row("host wall time", f"{wall * 1e3:.1f} ms")
+    summary.add_row("eager device kernels", f"{sum(kernels.values())} launches of {len(kernels)} ops, "
+                                            f"est. {eager_prof.total_est_us:.1f} us on the card")
     summary.add_row("device memory", f"weights {weights / 2**20:.2f} MiB, peak {torch.spyre.max_memory_allocated() / 2**20:.2f} MiB "
                                      f"of {cfg.usable_memory_bytes / 2**30:.0f} GiB")
     console.print(summary)
@@ -58,7 +64,7 @@ def run(console: Console | None = None) -> int:
     stats = torch.spyre.fallback_stats()
     times = torch.spyre.fallback_time_stats()
     fb = Table(title=f"host fallbacks: {sum(stats.values())} calls of {len(stats)} ops "
-                     "(ops without a device kernel ran on the host)")
+                     "(ops without a tile form ran on the host)")
     fb.add_column("op")
     fb.add_column("calls", justify="right")
     fb.add_column("host time (ms)", justify="right")

@@ -552,7 +552,9 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
             continue
         b = p.buffer(op.buffer)
         form = forms[i]
-        adims = frozenset(n for n in free_names(op.index) if n in kinds)
+        # the dims the index moves with once sizes and strides are bound (a broadcast operand of an
+        # eager kernel has symbolic strides that bind to 0: it does not move with those dims)
+        adims = frozenset(n for n in free_names(exprs[i]) if n in kinds)
         ind = [n for n in free_names(op.index) if n.startswith("%")]
         for n in ind:
             adims |= an.dims[n]

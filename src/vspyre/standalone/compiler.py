@@ -500,7 +500,8 @@ def _decompositions() -> dict:
 
 
 def _bw_eager(gm: fx.GraphModule, example_inputs: list) -> Callable:
-    """Backward graphs are not compiled: they run eagerly on the device (host fallbacks, counted)."""
+    """Backward graphs are not compiled: they run eagerly on the device (eager device kernels, and
+    counted host fallbacks for ops without a tile form)."""
     from ..compat import make_boxed_func
     return make_boxed_func(gm.forward)
 

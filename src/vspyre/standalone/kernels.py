@@ -163,6 +163,14 @@ def _leaves(expr: Any, head: str) -> set[int]:
     return found
 
 
+def _recip(b: ProgramBuilder, n: Any) -> Any:
+    """``1 / n`` for a size ``n``: an immediate when ``n`` is a number, a program value when it is a
+    size symbol (eager kernels keep sizes symbolic, bound at launch)."""
+    if isinstance(n, int) or getattr(n, "is_number", False):
+        return 1.0 / int(n)
+    return b.reciprocal(b.to(b.index_value(n), torch.float32))
+
+
 def _pdims(b: ProgramBuilder, shape: tuple[int, ...], prefix: str = "x") -> list:
     return [b.dim(f"{prefix}{i}", n) for i, n in enumerate(shape)]
 
@@ -206,8 +214,9 @@ def arange(out: TSpec, start: Any, step: Any) -> Program:
 # ------------------------------------------------------------------------------ reductions
 @functools.lru_cache(maxsize=2048)
 def reduction(op: str, x: TSpec, rdims: tuple[int, ...], out: TSpec, keepdim: bool, scale: Any = None,
-              prologue: Any = None) -> Program:
-    """out = op over ``rdims`` of prologue(x) (``mean`` = sum * scale)."""
+              prologue: Any = None, epilogue: Any = None) -> Program:
+    """out = epilogue(op over ``rdims`` of prologue(x)) (``mean`` = sum * scale; without a scale,
+    sum / the number of reduced elements)."""
     b = ProgramBuilder(f"reduce_{op}", source=SOURCE)
     xdt, xshape, xstr = x
     odt, oshape, ostr = out
@@ -228,6 +237,10 @@ def reduction(op: str, x: TSpec, rdims: tuple[int, ...], out: TSpec, keepdim: bo
     r = b.reduce(rop, v, [dims[d] for d in rdims])
     if scale is not None:
         r = b.mul(r, scale)
+    elif op == "mean":
+        r = b.mul(r, _recip(b, math.prod(xshape[d] for d in rdims)))
+    if epilogue is not None:
+        r = _Emitter(b, {("x",): r}, {("x",): REDUCTIONS[rop].dtype(xdt)})(epilogue)
     oidx = []
     for d in range(len(xshape)):
         if d in rdims:
@@ -317,7 +330,7 @@ def softmax(x: TSpec, dim: int, out: TSpec, extras: tuple[TSpec, ...] = (), prol
 @functools.lru_cache(maxsize=1024)
 def norm(kind: str, x: TSpec, out: TSpec, eps: float, weight: TSpec | None = None, bias: TSpec | None = None,
          extras: tuple[TSpec, ...] = (), prologue: Any = ("x",), stats: bool = False, sum_out: TSpec | None = None,
-         name: str | None = None) -> Program:
+         name: str | None = None, stats_dtype: torch.dtype = torch.float32) -> Program:
     """LayerNorm (``kind="layer"``) or RMSNorm (``"rms"``) over the last dim, one program.
 
     ``prologue`` (over ``("x",)`` and extras) lets the residual add feed the norm; ``sum_out`` then
@@ -335,8 +348,8 @@ def norm(kind: str, x: TSpec, out: TSpec, eps: float, weight: TSpec | None = Non
     sb = b.output("sum", sum_out[0], sum_out[1], sum_out[2]) if sum_out else None
     if stats:
         st_shape = tuple(xshape[:-1]) + (1,)
-        mb = b.output("mean", torch.float32, st_shape)
-        rb = b.output("rstd", torch.float32, st_shape)
+        mb = b.output("mean", stats_dtype, st_shape)
+        rb = b.output("rstd", stats_dtype, st_shape)
     dims = [b.dim(f"x{d}", n) for d, n in enumerate(xshape[:-1])]
     r = b.rdim("r0", D)
     alld = dims + [r]
@@ -344,13 +357,14 @@ def norm(kind: str, x: TSpec, out: TSpec, eps: float, weight: TSpec | None = Non
     if sb is not None:
         b.store(sb, _index(list(sum_out[2]), alld), v)
     if kind == "layer":
-        mean = b.mul(b.reduce("sum", v, r), 1.0 / D)
+        inv_d = _recip(b, D)
+        mean = b.mul(b.reduce("sum", v, r), inv_d)
         d = b.sub(v, mean)
-        var = b.mul(b.reduce("sum", b.mul(d, d), r), 1.0 / D)
+        var = b.mul(b.reduce("sum", b.mul(d, d), r), inv_d)
         rstd = b.rsqrt(b.add(var, eps))
         y = b.mul(d, rstd)
     else:
-        ms = b.mul(b.reduce("sum", b.mul(v, v), r), 1.0 / D)
+        ms = b.mul(b.reduce("sum", b.mul(v, v), r), _recip(b, D))
         rstd = b.rsqrt(b.add(ms, eps))
         y = b.mul(v, rstd)
     if wb is not None:

@@ -1,0 +1,631 @@
+"""The eager device kernels: which ATen ops have one, how each is built, cached and launched.
+
+An entry of :data:`TABLE` names a *functional* ATen op and its kind. Its ``out=`` and in-place
+variants (``add.out``, ``add_.Tensor``) run the same kernel into the given tensor. A kernel is a
+standalone-compiler lowering (``make(node) -> run(ctx, *args)``, see
+``vspyre.standalone.lowerings``): the table's own lowerings, or the symbolic ones below for the
+kinds whose programs are built per rank. ``run`` gets an :class:`EagerCtx`, whose ``pointwise``
+builds rank-generic programs and whose ``launch`` publishes eager kernels.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import operator
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .. import runtime
+from ..device import fallback as dev_fallback
+from ..ir.indexing import sym
+from ..standalone import kernels as K
+from ..standalone import lowerings as L
+from ..standalone.compiler import Ctx
+from ..trace import op_name
+
+aten = torch.ops.aten
+SOURCE = "eager"
+
+
+class NoTileForm(Exception):
+    """Raised by a kernel (before it launches anything) when this call has no tile form; the call
+    then runs as a counted host fallback."""
+
+
+@dataclass(frozen=True)
+class EagerOp:
+    name: str            # the functional op, as the dispatcher spells it
+    kind: str            # pointwise, reduction, matmul, ...
+    per: str             # "rank": sizes symbolic, one build serves every shape; "shape": built per shape
+    variants: tuple[str, ...] = ()      # the out= / in-place overloads that run the same kernel
+
+
+TABLE: dict[str, EagerOp] = {}
+
+_enabled = os.environ.get("VSPYRE_EAGER_KERNELS", "1") not in ("0", "")
+
+
+def is_enabled() -> bool:
+    return _enabled
+
+
+@contextlib.contextmanager
+def enabled(on: bool = True) -> Iterator[None]:
+    """Turn eager device kernels on or off inside a block (off: every op is a host fallback)."""
+    global _enabled
+    prev, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = prev
+
+
+# ------------------------------------------------------------------------------------- stats
+class _Stats:
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()     # launches of eager kernels, per op
+        self.builds: collections.Counter[str] = collections.Counter()    # programs built, per op
+        self.reuses: collections.Counter[str] = collections.Counter()    # a built program run on a new shape
+        self.declined: collections.Counter[str] = collections.Counter()  # calls with no tile form (host)
+
+
+_stats = _Stats()
+_programs: dict[Any, Any] = {}
+_shapes: dict[Any, set] = {}
+_runs: dict[Any, Callable] = {}
+_metas: dict[Any, Any] = {}
+
+
+def stats() -> dict[str, Any]:
+    """``calls``/``builds``/``reuses``/``declined`` per op, and ``programs`` (built, cached)."""
+    return {"calls": dict(_stats.calls), "builds": dict(_stats.builds), "reuses": dict(_stats.reuses),
+            "declined": dict(_stats.declined), "programs": len(_programs)}
+
+
+def reset_stats(drop_programs: bool = False) -> None:
+    """Zero the counters; with ``drop_programs`` also forget every built program (a cold start)."""
+    global _stats
+    _stats = _Stats()
+    if drop_programs:
+        _programs.clear()
+        _shapes.clear()
+        _runs.clear()
+        _metas.clear()
+
+
+def _program(opn: str, key: Any, build: Callable[[], Any]) -> Any:
+    p = _programs.get(key)
+    if p is None:
+        p = _programs[key] = build()
+        _stats.builds[opn] += 1
+    return p
+
+
+def _launch(opn: str, prog: Any, tensors: tuple) -> None:
+    seen = _shapes.get(id(prog))
+    if seen is None:
+        seen = _shapes[id(prog)] = set()
+    sk = tuple(t.shape for t in tensors)
+    if sk not in seen:
+        if seen:
+            _stats.reuses[opn] += 1
+        if len(seen) < 256:
+            seen.add(sk)
+    runtime.launch(prog, *tensors, source=SOURCE)
+
+
+# ------------------------------------------------------------------------------------- symbols
+def _S(r: int) -> tuple:
+    return tuple(sym(f"s{i}") for i in range(r))
+
+
+def _st(prefix: str, r: int) -> tuple:
+    """Stride symbols of a buffer (named apart from the programs' dim names x0.., r0..)."""
+    return tuple(sym(f"st_{prefix}{i}") for i in range(r))
+
+
+def _compute_dtype(dt: torch.dtype) -> torch.dtype:
+    return torch.bool if dt == torch.bool else (torch.float32 if dt.is_floating_point else torch.int64)
+
+
+def _operand(t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``t`` broadcast to ``shape`` (a view); a host 0-d tensor (a wrapped Python number) in the
+    card's compute dtype (the launch reads host tensors like device memory)."""
+    if t.device.type == "cpu":
+        t = t.to(_compute_dtype(t.dtype))
+    return t.expand(shape) if tuple(t.shape) != shape else t
+
+
+class EagerCtx(Ctx):
+    """What a lowering's ``run`` gets in eager mode: results go into ``target`` (an ``out=`` or
+    in-place tensor) when it fits, pointwise programs are rank-generic, launches are eager kernels."""
+
+    def __init__(self, device: torch.device, opn: str, target: torch.Tensor | None = None) -> None:
+        super().__init__(device)
+        self.opn = opn
+        self.target = target
+
+    def alloc(self, shape: tuple, dtype: torch.dtype, fresh: bool = False,
+              strides: tuple | None = None) -> torch.Tensor:
+        t = self.target
+        if t is not None and not fresh and t.dtype == dtype and tuple(t.shape) == tuple(int(s) for s in shape):
+            self.target = None
+            return t
+        return super().alloc(shape, dtype, fresh, strides)
+
+    def memo(self, key: Any, build: Callable) -> Any:
+        return _program(self.opn, ("shape",) + tuple(key), build)
+
+    def launch(self, prog: Any, *tensors: torch.Tensor) -> None:
+        _launch(self.opn, prog, tensors)
+
+    def pointwise(self, name: str, shape: tuple, odt: torch.dtype, tensors: list, expr: Any,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        if out is None:
+            st = self.strides if self.strides is not None and len(self.strides) == len(shape) else None
+            out = self.alloc(shape, odt, strides=st)
+        ins = [_operand(t, shape) for t in tensors]
+        r = len(shape)
+        key = ("pw", name, r, odt, tuple(t.dtype for t in ins), expr)
+        prog = _program(self.opn, key, lambda: K.pointwise(
+            name, (odt, _S(r), _st("o", r)), tuple((t.dtype, _S(r), _st(f"i{j}_", r)) for j, t in enumerate(ins)),
+            expr))
+        self.launch(prog, *ins, out)
+        return out
+
+    def host_fallback(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NoTileForm(op_name(op))
+
+
+# ------------------------------------------------------------------------------------- symbolic kinds
+def _reduce(ctx: EagerCtx, op: str, x: torch.Tensor, dims: Any, keepdim: bool, odt: torch.dtype,
+            prologue: Any = None, epilogue: Any = None) -> torch.Tensor:
+    if x.dim() == 0:
+        x, dims, keepdim = x.view(1), None, False
+    rd = L._rdims(x, dims)
+    r = x.dim()
+    shape = tuple((1 if d in rd else n) for d, n in enumerate(x.shape) if keepdim or d not in rd)
+    out = ctx.alloc(shape, odt)
+    ov = out.view(1) if out.dim() == 0 else out
+    S = _S(r)
+    oshape = tuple((1 if d in rd else S[d]) for d in range(r) if keepdim or d not in rd) or (1,)
+    kd = keepdim or out.dim() == 0
+    key = ("red", op, x.dtype, r, rd, kd, odt, prologue, epilogue)
+    prog = _program(ctx.opn, key, lambda: K.reduction(op, (x.dtype, S, _st("x", r)), rd,
+                                                      (odt, oshape, _st("o", len(oshape))), kd, None,
+                                                      prologue, epilogue))
+    ctx.launch(prog, x, ov)
+    return out
+
+
+def _make_reduce(op: str, all_dims: bool = False, prologue: Any = None, epilogue: Any = None):
+    def make(node):
+        odt = L._meta_dtype(node)
+
+        def run(ctx, x, dim=None, keepdim=False, dtype=None):
+            if op in ("argmax", "argmin") and dim is None and x.dim() > 1:
+                x = x.reshape(-1) if x.is_contiguous() else ctx.pointwise("clone", tuple(x.shape), x.dtype, [x],
+                                                                           ("in", 0)).view(-1)
+                return _reduce(ctx, op, x, 0, False, odt).view((1,) * len(node.meta["val"].shape))
+            return _reduce(ctx, op, x, None if all_dims else dim, keepdim, odt, prologue, epilogue)
+        return run
+    return make
+
+
+def _make_softmax(node):
+    odt = L._meta_dtype(node)
+    safe = node.target is aten._safe_softmax.default
+    log = node.target is aten._log_softmax.default
+
+    def run(ctx, x, dim, half_to_float=None, dtype=None):
+        xv = x.view(1) if x.dim() == 0 else x
+        r, d = xv.dim(), dim % max(x.dim(), 1)
+        out = ctx.alloc(tuple(x.shape), odt)
+        ov = out.view(1) if out.dim() == 0 else out
+        key = ("sm", x.dtype, r, d, odt, safe, log)
+        prog = _program(ctx.opn, key, lambda: K.softmax((x.dtype, _S(r), _st("x", r)), d, (odt, _S(r), _st("o", r)),
+                                                        (), ("x",), safe, log, "log_softmax" if log else "softmax"))
+        ctx.launch(prog, xv, ov)
+        return out
+    return run
+
+
+def _matmul(ctx: EagerCtx, name: str, a: torch.Tensor, b: torch.Tensor, odt: torch.dtype,
+            bias: torch.Tensor | None = None, alpha: Any = 1, beta: Any = 1) -> torch.Tensor:
+    if not (a.dtype.is_floating_point and b.dtype == a.dtype):
+        raise NoTileForm(f"{name} of {a.dtype} x {b.dtype}")
+    nb = a.dim() - 2
+    shape = tuple(a.shape[:-1]) + (b.shape[-1],)
+    out = ctx.alloc(shape, odt)
+    B, M, Kd, N = tuple(sym(f"sB{i}") for i in range(nb)), sym("sM"), sym("sK"), sym("sN")
+    extras, epi, key_extra = (), ("acc",), None
+    if bias is not None:
+        bias = _operand(bias, shape)
+        extras = ((bias.dtype, B + (M, N), _st("e", nb + 2)),)
+        epi = ("add", ("acc",), ("in", 0)) if alpha == 1 and beta == 1 else \
+            ("add", ("mul", ("acc",), ("c", float(alpha))), ("mul", ("in", 0), ("c", float(beta))))
+        key_extra = (bias.dtype, epi)
+    key = ("mm", name, a.dtype, nb, odt, key_extra)
+    prog = _program(ctx.opn, key, lambda: K.matmul((a.dtype, B + (M, Kd), _st("a", nb + 2)),
+                                                   (b.dtype, B + (Kd, N), _st("b", nb + 2)),
+                                                   (odt, B + (M, N), _st("o", nb + 2)), extras, epi, name))
+    ctx.launch(prog, a, b, *([bias] if bias is not None else []), out)
+    return out
+
+
+def _make_mm(node):
+    odt = L._meta_dtype(node)
+    return lambda ctx, a, b: _matmul(ctx, "mm", a, b, odt)
+
+
+def _make_bmm(node):
+    odt = L._meta_dtype(node)
+    return lambda ctx, a, b: _matmul(ctx, "bmm", a, b, odt)
+
+
+def _make_addmm(node):
+    odt = L._meta_dtype(node)
+    return lambda ctx, bias, a, b, beta=1, alpha=1: _matmul(ctx, "addmm", a, b, odt, bias, alpha, beta)
+
+
+def _make_layer_norm(node):
+    val = node.meta["val"]
+    odt, sdt = val[0].dtype, val[1].dtype        # fp16 input: fp32 statistics, as compiled graphs plan
+
+    def run(ctx, x, normalized_shape, weight, bias, eps):
+        k = len(normalized_shape)
+        if k != 1 or x.dim() == 0 or any(t is not None and t.dim() != 1 for t in (weight, bias)):
+            raise NoTileForm(f"layer norm over {k} dims")
+        r = x.dim()
+        lead = tuple(x.shape[:-1])
+        out = ctx.alloc(tuple(x.shape), odt)
+        mean = ctx.alloc(lead + (1,), sdt, fresh=True)
+        rstd = ctx.alloc(lead + (1,), sdt, fresh=True)
+        S = _S(r)
+        ws = (weight.dtype, (S[-1],)) if weight is not None else None
+        bs = (bias.dtype, (S[-1],)) if bias is not None else None
+        key = ("ln", x.dtype, r, odt, sdt, float(eps), ws and ws[0], bs and bs[0])
+        prog = _program(ctx.opn, key, lambda: K.norm("layer", (x.dtype, S, _st("x", r)), (odt, S, _st("o", r)),
+                                                     float(eps), ws and (ws[0], ws[1], _st("w", 1)),
+                                                     bs and (bs[0], bs[1], _st("b", 1)), stats=True,
+                                                     name="layernorm", stats_dtype=sdt))
+        ctx.launch(prog, x, *[t for t in (weight, bias) if t is not None], out, mean, rstd)
+        return out, mean, rstd
+    return run
+
+
+def _make_batch_norm(training_arg: bool):
+    def make(node):
+        val = node.meta["val"]
+        odt = val[0].dtype
+
+        def run(ctx, x, weight, bias, running_mean, running_var, *rest):
+            training, (momentum, eps) = (rest[0], rest[1:3]) if training_arg else (False, rest[:2])
+            if training or running_mean is None or running_var is None or x.dim() < 2:
+                raise NoTileForm("batch norm in training mode")
+            shape = tuple(x.shape)
+            chan = [1] * x.dim()
+            chan[1] = x.shape[1]
+            per = [t.view(chan) for t in (running_mean, running_var, weight, bias) if t is not None]
+            y = ("mul", ("sub", ("in", 0), ("in", 1)), ("rsqrt", ("add", ("in", 2), ("c", float(eps)))))
+            i = 3
+            if weight is not None:
+                y, i = ("mul", y, ("in", i)), i + 1
+            if bias is not None:
+                y = ("add", y, ("in", i))
+            out = ctx.pointwise("batch_norm", shape, odt, [x] + per, ("to", odt, y))
+            stats = [torch.empty(v.shape, dtype=v.dtype, device=x.device) for v in val[1:]]
+            return (out, *stats)
+        return run
+    return make
+
+
+def _make_index_select(node):
+    odt = L._meta_dtype(node)
+
+    def run(ctx, x, dim, index):
+        if dim % max(x.dim(), 1) != 0 or x.dim() != 2 or index.dim() != 1 or index.device.type != "spyre":
+            raise NoTileForm("index_select other than rows of a matrix")
+        out = ctx.alloc((index.shape[0], x.shape[1]), odt)
+        key = ("rows", x.dtype, index.dtype)
+        V, D, N = sym("sV"), sym("sD"), sym("sN")
+        prog = _program(ctx.opn, key, lambda: K.embedding((x.dtype, (V, D), _st("w", 2)), (index.dtype, (N,), _st("i", 1)),
+                                                          (odt, (N, D), _st("o", 2))))
+        ctx.launch(prog, x, index, out)
+        return out
+    return run
+
+
+def _make_all(node):
+    odt = L._meta_dtype(node)
+
+    def run(ctx, x, dim=None, keepdim=False):
+        return _reduce(ctx, "any", x, dim, keepdim, odt, prologue=("logical_not", ("x",)),
+                       epilogue=("logical_not", ("x",)))
+    return run
+
+
+# ------------------------------------------------------------------------------------- the table
+_SYMBOLIC: dict[Any, tuple[str, Callable]] = {
+    aten.sum.dim_IntList: ("reduction", _make_reduce("sum")),
+    aten.sum.default: ("reduction", _make_reduce("sum", all_dims=True)),
+    aten.mean.dim: ("reduction", _make_reduce("mean")),
+    aten.mean.default: ("reduction", _make_reduce("mean", all_dims=True)),
+    aten.amax.default: ("reduction", _make_reduce("max")),
+    aten.amin.default: ("reduction", _make_reduce("min")),
+    aten.argmax.default: ("reduction", _make_reduce("argmax")),
+    aten.argmin.default: ("reduction", _make_reduce("argmin")),
+    aten.prod.dim_int: ("reduction", _make_reduce("prod")),
+    aten.any.dim: ("reduction", _make_reduce("any")),
+    aten.any.default: ("reduction", _make_reduce("any", all_dims=True)),
+    aten.all.dim: ("reduction", _make_all),
+    aten.all.default: ("reduction", _make_all),
+    aten._softmax.default: ("softmax", _make_softmax),
+    aten._log_softmax.default: ("softmax", _make_softmax),
+    aten._safe_softmax.default: ("softmax", _make_softmax),
+    aten.mm.default: ("matmul", _make_mm),
+    aten.bmm.default: ("matmul", _make_bmm),
+    aten.addmm.default: ("matmul", _make_addmm),
+    aten.native_layer_norm.default: ("norm", _make_layer_norm),
+    aten.native_batch_norm.default: ("norm", _make_batch_norm(True)),
+    aten._native_batch_norm_legit_no_training.default: ("norm", _make_batch_norm(False)),
+    aten.index_select.default: ("gather", _make_index_select),
+}
+# ops whose tensor work is native in the device layer (copies, fills, allocation, dtype casts
+# through copy_) or which move data between devices: no eager kernel
+_NATIVE = {aten.copy.default, aten.fill.Scalar, aten.fill.Tensor, aten.empty.memory_format, aten._to_copy.default,
+           aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
+           aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
+           aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default, aten.embedding.default,
+           aten.arange.default, aten.arange.start}
+_PER_SHAPE = {aten.convolution.default, aten.arange.start_step,
+              aten._scaled_dot_product_fused_attention_overrideable.default, aten.constant_pad_nd.default}
+# device-layer Python kernels this layer supplies the device kernel of (fallback.set_device_kernel)
+_HOOKED = {aten.native_layer_norm.default: aten.native_layer_norm.default,
+           aten.convolution_overrideable.default: aten.convolution.default,
+           aten._scaled_dot_product_fused_attention_overrideable.default:
+               aten._scaled_dot_product_fused_attention_overrideable.default}
+
+
+def _composite(op: torch._ops.OpOverload) -> bool:
+    """A CompositeImplicitAutograd op never reaches a backend eagerly (it decomposes above it), and
+    a backend kernel for it would stop traces from decomposing it (scaled_dot_product_attention)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+def _entries() -> dict[Any, tuple[str, Callable, Callable | None]]:
+    """functional op -> (kind, make, applies)."""
+    out: dict[Any, tuple[str, Callable, Callable | None]] = {}
+    for op, lw in L.TABLE.items():
+        if lw.kind != "kernel" or not isinstance(op, torch._ops.OpOverload) or op in _NATIVE or _composite(op):
+            continue
+        kind = "pointwise" if lw.doc == "pointwise" else {
+            "copy (broadcast, cast)": "copy", "iota": "iota", "triangular mask": "pointwise"}.get(lw.doc, lw.doc)
+        out[op] = (kind, lw.make, lw.applies)
+    for op, (kind, make) in _SYMBOLIC.items():
+        out[op] = (kind, make, None)
+    return out
+
+
+_OPTIONS = ("dtype", "layout", "device", "pin_memory")     # a factory's out= variant takes them from out
+
+
+def _variants(op: torch._ops.OpOverload) -> list[tuple[torch._ops.OpOverload, str]]:
+    """The out= and in-place overloads of ``op`` whose schema is ``op``'s plus the written tensor."""
+    packet = op.overloadpacket
+    base = op._schema.arguments
+    names = [a.name for a in base]
+    found = []
+    ov = op._overloadname
+    for cand in ("out" if ov in ("default", "Tensor", "dim_IntList", "IntList") else f"{ov}_out",
+                 "IntList_out", "all_out", "int_out", "start_out", "out"):
+        o = getattr(packet, cand, None)
+        if o is None or o in [f for f, _ in found]:
+            continue
+        args = o._schema.arguments
+        outs = [a for a in args if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        if len(outs) == 1 and [a.name for a in args if a is not outs[0]] == [n for n in names if n not in _OPTIONS]:
+            found.append((o, "out"))
+            break
+    inplace = getattr(getattr(aten, packet.__name__ + "_", None), ov, None)
+    if inplace is not None and [a.name for a in inplace._schema.arguments] == names:
+        found.append((inplace, "inplace"))
+    return found
+
+
+# ------------------------------------------------------------------------------------- calling
+class _Node:
+    """The part of an FX node a lowering's ``make`` reads: target, meta value, args' meta values,
+    and whether the second result is used (attention's log-sum-exp)."""
+
+    class _Use:
+        target = operator.getitem
+
+        def __init__(self, node: Any, i: int) -> None:
+            self.args = (node, i)
+
+    def __init__(self, target: Any, val: Any, args: tuple = (), kwargs: dict | None = None,
+                 used: tuple[int, ...] = ()) -> None:
+        self.target, self.meta = target, {"val": val}
+        self.args = tuple(_Node(None, a) if isinstance(a, torch.Tensor) else a for a in args)
+        self.kwargs = kwargs or {}
+        self.users = {_Node._Use(self, i): None for i in used}
+
+
+def _sig(x: Any, full: bool) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ((x.dtype, tuple(x.shape), tuple(x.stride()), x.device.type) if full
+                else (x.dtype, x.dim(), x.device.type))
+    if isinstance(x, (list, tuple)):
+        return tuple(_sig(v, full) for v in x)
+    if isinstance(x, float) and not full:
+        return float
+    return x if x is None or isinstance(x, (bool, int, float, str, torch.dtype)) else type(x)
+
+
+def _meta(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    if isinstance(t, (list, tuple)):
+        return type(t)(_meta(v) for v in t)
+    return t
+
+
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+
+
+def _eligible(args: tuple, kwargs: dict, target: torch.Tensor | None) -> torch.device | None:
+    dev = None
+    for t in _tensors(list(args) + list(kwargs.values()) + [target]):
+        if t.numel() == 0 and t is not target:   # empty operands (an empty contraction sums to zeros): the host's
+            return None                          # edge cases; an empty out= is resized
+        if t.device.type == "spyre":
+            if dev is not None and t.device != dev:
+                return None
+            dev = t.device
+        elif not (t.device.type == "cpu" and t.dim() == 0):
+            return None
+    return dev
+
+
+def _overlaps(target: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """``target`` shares memory with an input it is not exactly (an exact alias is safe for the
+    element-wise read-then-write of a pointwise kernel, nothing else)."""
+    ptr = target.untyped_storage().data_ptr()
+    for t in _tensors(list(args) + list(kwargs.values())):
+        if t is target or t.device.type != "spyre" or t.untyped_storage().data_ptr() != ptr:
+            continue
+        if (t.shape, t.stride(), t.storage_offset()) != (target.shape, target.stride(), target.storage_offset()):
+            return True
+    return False
+
+
+def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | None, per_shape: bool,
+          args: tuple, kwargs: dict, target: torch.Tensor | None, form: str) -> Any:
+    dev = _eligible(args, kwargs, target)
+    if dev is None:
+        raise NoTileForm("operands not all on one card, or empty")
+    mkey = (fop, _sig(args, True), _sig(tuple(sorted(kwargs.items())), True))
+    val = _metas.get(mkey)
+    if val is None:
+        mkw = {k: _meta(v) for k, v in kwargs.items()}
+        if target is not None and not any(True for _ in _tensors(args)):      # a factory's out= variant
+            mkw.update(device="meta", dtype=target.dtype)
+        val = fop(*_meta(args), **mkw)
+        if len(_metas) > 8192:
+            _metas.clear()
+        _metas[mkey] = val
+    res_val = val[0] if isinstance(val, (tuple, list)) else val
+    if target is not None:
+        if form == "inplace" and tuple(res_val.shape) != tuple(target.shape):
+            raise RuntimeError(f"{op_name(fop)}: output with shape {list(target.shape)} doesn't match the broadcast "
+                               f"shape {list(res_val.shape)}")
+        if not torch.can_cast(res_val.dtype, target.dtype):
+            raise RuntimeError(f"{op_name(fop)}: result type {res_val.dtype} can't be cast to the desired output "
+                               f"type {target.dtype}")
+        if form == "out" and tuple(target.shape) != tuple(res_val.shape):
+            target.resize_(res_val.shape)
+    rkey = (fop, _sig(args, per_shape), _sig(tuple(sorted(kwargs.items())), per_shape))
+    run = _runs.get(rkey)
+    if run is None:
+        used = (0, 1, 2) if fop is aten.native_layer_norm.default else (
+            (0, 1) if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(args)) else (0,))
+        node = _Node(fop, val, _meta(args), {k: _meta(v) for k, v in kwargs.items()}, used)   # cached: no
+        # device tensors (it would keep them alive)
+        if applies is not None and not applies(node):
+            raise NoTileForm("no tile form for these operands")
+        run = _runs[rkey] = make(node)
+    direct = target if target is not None and not _overlaps(target, args, kwargs) else None
+    ctx = EagerCtx(dev, opn, direct)
+    if isinstance(res_val, torch.Tensor) and not isinstance(val, (tuple, list)):
+        ctx.strides = tuple(res_val.stride())
+    res = run(ctx, *args, **kwargs)
+    if fop is aten._scaled_dot_product_fused_attention_overrideable.default:
+        res = _sdpa_results(res, val, dev)
+    if target is None:
+        return res
+    first = res[0] if isinstance(res, (tuple, list)) else res
+    if first is not target:            # computed elsewhere (overlap, or another dtype): copy in, casting
+        ctx.target = None
+        ctx.pointwise("copy", tuple(target.shape), target.dtype, [first], ("to", target.dtype, ("in", 0)),
+                      out=target)
+    return target
+
+
+def _sdpa_results(res: tuple, val: tuple, dev: torch.device) -> tuple:
+    """The lowering leaves unused results ``None``; the op returns tensors (and the two lengths)."""
+    out, lse, *_ = res
+    q_len, k_len = res[4], res[5]
+    empty = torch.empty(0, dtype=out.dtype, device=dev)
+    if lse is None:
+        lse = torch.empty(0, dtype=torch.float32, device=dev)     # not needed without a backward
+    seed = torch.zeros((), dtype=torch.int64, device=dev)
+    return out, lse, empty, empty, q_len, k_len, seed, seed.clone(), empty
+
+
+def _kernel(fop: Any, called: Any, kind: str, make: Callable, applies: Callable | None, form: str,
+            hooked: bool = False) -> Callable:
+    opn = op_name(called)
+    per_shape = fop in _PER_SHAPE
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        # inside a compiled graph an op the compiler left as a fallback stays a counted host
+        # fallback, as the compiler's report says
+        if _enabled and dev_fallback.current_context() == "eager":
+            target = None
+            fargs, fkw = args, kwargs
+            if form == "out":
+                fkw = dict(kwargs)
+                target = fkw.pop("out")
+            elif form == "inplace":
+                target = args[0]
+            try:
+                out = _call(fop, opn, kind, make, applies, per_shape, fargs, fkw, target, form)
+                _stats.calls[opn] += 1
+                return out
+            except (NoTileForm, NotImplementedError):   # raised before anything was launched
+                _stats.declined[opn] += 1
+        if hooked:
+            return NotImplemented
+        return dev_fallback.host_fallback(called, *args, **kwargs)
+    return kernel
+
+
+_lib: torch.library.Library | None = None
+
+
+def register() -> None:
+    """Install the eager device kernels (idempotent)."""
+    global _lib
+    if _lib is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    hooked_by = {v: k for k, v in _HOOKED.items()}
+    for fop, (kind, make, applies) in _entries().items():
+        variants = _variants(fop)
+        per = "shape" if fop in _PER_SHAPE else "rank"
+        TABLE[op_name(fop)] = EagerOp(op_name(fop), kind, per, tuple(op_name(v) for v, _ in variants))
+        if fop in hooked_by:
+            called = hooked_by[fop]
+            dev_fallback.set_device_kernel(op_name(called), _kernel(fop, called, kind, make, applies, "functional",
+                                                                    hooked=True))
+            continue
+        lib.impl(fop._schema.name.split("::")[-1] + (f".{fop._overloadname}" if fop._overloadname != "default"
+                                                     else ""), _kernel(fop, fop, kind, make, applies, "functional"),
+                 "PrivateUse1")
+        for v, form in variants:
+            if _composite(v):
+                continue
+            lib.impl(v._schema.name.split("::")[-1] + (f".{v._overloadname}" if v._overloadname != "default" else ""),
+                     _kernel(fop, v, kind, make, applies, form), "PrivateUse1")
+    _lib = lib
