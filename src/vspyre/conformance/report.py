@@ -60,7 +60,9 @@ def render(results: list[dict], header: str = "") -> str:
         "mantissa bits, see `sweep.py`). Verdicts: `pass`; `pass (fb)` = passes, but (part of) the op "
         "ran as a counted host fallback; `unsupported` = clear error (e.g. float64/complex samples, "
         "which the card does not have) or no usable sample; `xfail` = expected failure listed with "
-        "its reason in `src/vspyre/conformance/xfails.toml`; **MISMATCH** / **CRASH** = unexpected.",
+        "its reason in `src/vspyre/conformance/xfails.toml`; **MISMATCH** / **CRASH** = unexpected. "
+        "*eager device kernels*: the ATen ops the eager run launched as device kernels (`vspyre.eager`; "
+        "empty: every eager call was native - views, copies, fills - or a host fallback).",
         "",
         "**" + summary_line(results) + "**",
         "",
@@ -75,8 +77,8 @@ def render(results: list[dict], header: str = "") -> str:
         cells = [("%d / %d / %d" % ms[m]) if m in ms else "-" for m in modes]
         lines.append(f"| {f} | " + " | ".join(cells) + " |")
     lines += ["", "## Table", "",
-              "| op | family | dtype | " + " | ".join(modes) + " | host fallback ops |",
-              "|---|---|---|" + "---|" * len(modes) + "---|"]
+              "| op | family | dtype | " + " | ".join(modes) + " | eager device kernels | host fallback ops |",
+              "|---|---|---|" + "---|" * len(modes) + "---|---|"]
     for (op, dtype) in sorted(by_key):
         row = by_key[(op, dtype)]
         cells, fbs = [], set()
@@ -86,7 +88,9 @@ def render(results: list[dict], header: str = "") -> str:
             if r:
                 fbs.update(k.removeprefix("aten::").removeprefix("aten.") for k in r.get("fallback_ops", {}))
         fb = ", ".join(sorted(fbs)[:4]) + (" ..." if len(fbs) > 4 else "")
-        lines.append(f"| `{op}` | {fam[op]} | {dtype} | " + " | ".join(cells) + f" | {fb} |")
+        dks = sorted(k.removeprefix("aten::") for k in (row.get("eager") or {}).get("device_kernels", {}))
+        dk = ", ".join(dks[:4]) + (" ..." if len(dks) > 4 else "")
+        lines.append(f"| `{op}` | {fam[op]} | {dtype} | " + " | ".join(cells) + f" | {dk} | {fb} |")
     notes = [r for r in results if r["verdict"] in ("mismatch", "crash", "xfail")]
     if notes:
         lines += ["", "## Failures", "", "| op | dtype | mode | verdict | detail |", "|---|---|---|---|---|"]

@@ -396,6 +396,7 @@ def run_op(op, dtype: torch.dtype, mode: str, *, max_samples: int, timeout: floa
                 dev_in = _to_device((sample.input, sample.args, sample.kwargs), device,
                                     _cpu_resident(sample, probe))
                 torch.spyre.reset_fallback_stats()
+                torch.spyre.reset_eager_kernel_stats()
                 try:
                     torch.manual_seed(0)
                     actual = runner(dev_in[0], *dev_in[1], **dev_in[2])
@@ -409,6 +410,9 @@ def run_op(op, dtype: torch.dtype, mode: str, *, max_samples: int, timeout: floa
                     continue
                 if mode == "eager":
                     fb = dict(torch.spyre.fallback_stats())
+                    for k, v in torch.spyre.eager_kernel_stats()["calls"].items():
+                        rec.setdefault("device_kernels", {})
+                        rec["device_kernels"][k] = rec["device_kernels"].get(k, 0) + v
                 elif mode == "compiled":
                     fb = compiled_fallbacks()
                 else:
