@@ -116,8 +116,9 @@ def test_float64_sample_is_unsupported_with_dtype_named():
 def test_report_renders_summary():
     from vspyre.conformance import report
     recs = [{"op": "add", "family": "binary", "dtype": "float32", "mode": m, "verdict": v,
-             "fallback_ops": {"aten::add.out": 1} if m == "eager" else {}, "detail": ""}
+             "fallback_ops": {"aten::add.out": 1} if m == "eager" else {}, "detail": "",
+             **({"device_kernels": {"aten::mul.Tensor": 2}} if m == "eager" else {})}
             for m, v in (("eager", "fallback"), ("compiled", "pass"), ("standalone", "mismatch"))]
     md = report.render(recs, "hdr")
-    assert "| `add` | binary | float32 | pass (fb) | pass | **MISMATCH** | add.out |" in md
+    assert "| `add` | binary | float32 | pass (fb) | pass | **MISMATCH** | mul.Tensor | add.out |" in md
     assert "eager/float32 1/1 = 100.0%" in md and "Unexpected mismatches/crashes: 1" in md

@@ -15,7 +15,7 @@ def _spyre_params(names):
 
 
 def test_registry():
-    assert DEFAULT_SUITE == ["gpt2", "llama", "bert", "t5", "vit", "resnet", "convnext", "mobilenet_v2"]
+    assert DEFAULT_SUITE == ["gpt2", "llama", "mixtral", "bert", "t5", "vit", "resnet", "convnext", "mobilenet_v2"]
     assert set(SUITE) == set(DEFAULT_SUITE)
     with pytest.raises(KeyError, match="unknown model 'nope'.*gpt2"):
         get_case("nope")
@@ -53,7 +53,7 @@ def test_cpu_forward_is_deterministic(name):
 
 def test_output_shapes():
     shapes = {n: tuple(get_case(n, batch=1).output().shape) for n in DEFAULT_SUITE}
-    assert shapes == {"gpt2": (1, 32, 1000), "llama": (1, 32, 1000), "bert": (1, 32, 128),
+    assert shapes == {"gpt2": (1, 32, 1000), "llama": (1, 32, 1000), "mixtral": (1, 16, 1000), "bert": (1, 32, 128),
                       "t5": (1, 16, 1000), "vit": (1, 10), "resnet": (1, 10), "convnext": (1, 10),
                       "mobilenet_v2": (1, 10)}
 

@@ -160,6 +160,15 @@ class EagerCtx(Ctx):
     def memo(self, key: Any, build: Callable) -> Any:
         return _program(self.opn, ("shape",) + tuple(key), build)
 
+    def spec(self, t: torch.Tensor, name: str) -> tuple:
+        return (t.dtype, tuple(sym(f"s{name}{i}") for i in range(t.dim())), _st(name, t.dim()))
+
+    def stride_spec(self, t: torch.Tensor, name: str) -> tuple:
+        return _st(name, t.dim())
+
+    def key(self, t: torch.Tensor) -> tuple:
+        return (t.dtype, t.dim())
+
     def launch(self, prog: Any, *tensors: torch.Tensor) -> None:
         _launch(self.opn, prog, tensors)
 
@@ -195,7 +204,7 @@ def _reduce(ctx: EagerCtx, op: str, x: torch.Tensor, dims: Any, keepdim: bool, o
     S = _S(r)
     oshape = tuple((1 if d in rd else S[d]) for d in range(r) if keepdim or d not in rd) or (1,)
     kd = keepdim or out.dim() == 0
-    key = ("red", op, x.dtype, r, rd, kd, odt, prologue, epilogue)
+    key = ("red", op, x.dtype, r, rd, oshape, kd, odt, prologue, epilogue)
     prog = _program(ctx.opn, key, lambda: K.reduction(op, (x.dtype, S, _st("x", r)), rd,
                                                       (odt, oshape, _st("o", len(oshape))), kd, None,
                                                       prologue, epilogue))
@@ -319,7 +328,8 @@ def _make_batch_norm(training_arg: bool):
             if bias is not None:
                 y = ("add", y, ("in", i))
             out = ctx.pointwise("batch_norm", shape, odt, [x] + per, ("to", odt, y))
-            stats = [torch.empty(v.shape, dtype=v.dtype, device=x.device) for v in val[1:]]
+            # in inference the CPU kernel returns empty saved statistics (the meta kernel sizes them [C])
+            stats = [torch.empty(0, dtype=x.dtype, device=x.device) for _ in val[1:]]
             return (out, *stats)
         return run
     return make
@@ -363,6 +373,8 @@ _SYMBOLIC: dict[Any, tuple[str, Callable]] = {
     aten.prod.dim_int: ("reduction", _make_reduce("prod")),
     aten.any.dim: ("reduction", _make_reduce("any")),
     aten.any.default: ("reduction", _make_reduce("any", all_dims=True)),
+    aten.max.default: ("reduction", _make_reduce("max", all_dims=True)),
+    aten.min.default: ("reduction", _make_reduce("min", all_dims=True)),
     aten.all.dim: ("reduction", _make_all),
     aten.all.default: ("reduction", _make_all),
     aten._softmax.default: ("softmax", _make_softmax),
@@ -422,8 +434,7 @@ def _variants(op: torch._ops.OpOverload) -> list[tuple[torch._ops.OpOverload, st
     names = [a.name for a in base]
     found = []
     ov = op._overloadname
-    for cand in ("out" if ov in ("default", "Tensor", "dim_IntList", "IntList") else f"{ov}_out",
-                 "IntList_out", "all_out", "int_out", "start_out", "out"):
+    for cand in (f"{ov}_out", "out", "IntList_out", "all_out", "int_out", "start_out"):
         o = getattr(packet, cand, None)
         if o is None or o in [f for f, _ in found]:
             continue
@@ -449,10 +460,18 @@ class _Node:
         def __init__(self, node: Any, i: int) -> None:
             self.args = (node, i)
 
+    @staticmethod
+    def _wrap(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return _Node(None, a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(_Node._wrap(v) for v in a)
+        return a
+
     def __init__(self, target: Any, val: Any, args: tuple = (), kwargs: dict | None = None,
                  used: tuple[int, ...] = ()) -> None:
         self.target, self.meta = target, {"val": val}
-        self.args = tuple(_Node(None, a) if isinstance(a, torch.Tensor) else a for a in args)
+        self.args = tuple(_Node._wrap(a) for a in args)
         self.kwargs = kwargs or {}
         self.users = {_Node._Use(self, i): None for i in used}
 
@@ -515,16 +534,14 @@ def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | Non
     dev = _eligible(args, kwargs, target)
     if dev is None:
         raise NoTileForm("operands not all on one card, or empty")
-    mkey = (fop, _sig(args, True), _sig(tuple(sorted(kwargs.items())), True))
-    val = _metas.get(mkey)
+    mkey = (fop, _sig(args, True), _sig(tuple(sorted(kwargs.items())), True) if kwargs else ())
+    hit = _metas.get(mkey)
+    val, run = hit if hit is not None else (None, None)
     if val is None:
         mkw = {k: _meta(v) for k, v in kwargs.items()}
         if target is not None and not any(True for _ in _tensors(args)):      # a factory's out= variant
             mkw.update(device="meta", dtype=target.dtype)
         val = fop(*_meta(args), **mkw)
-        if len(_metas) > 8192:
-            _metas.clear()
-        _metas[mkey] = val
     res_val = val[0] if isinstance(val, (tuple, list)) else val
     if target is not None:
         if form == "inplace" and tuple(res_val.shape) != tuple(target.shape):
@@ -535,8 +552,9 @@ def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | Non
                                f"type {target.dtype}")
         if form == "out" and tuple(target.shape) != tuple(res_val.shape):
             target.resize_(res_val.shape)
-    rkey = (fop, _sig(args, per_shape), _sig(tuple(sorted(kwargs.items())), per_shape))
-    run = _runs.get(rkey)
+    if run is None:
+        rkey = (fop, _sig(args, per_shape), _sig(tuple(sorted(kwargs.items())), per_shape))
+        run = _runs.get(rkey)
     if run is None:
         used = (0, 1, 2) if fop is aten.native_layer_norm.default else (
             (0, 1) if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(args)) else (0,))
@@ -545,6 +563,10 @@ def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | Non
         if applies is not None and not applies(node):
             raise NoTileForm("no tile form for these operands")
         run = _runs[rkey] = make(node)
+    if hit is None:                       # this call's shapes: its meta value and kernel, looked up once
+        if len(_metas) > 8192:
+            _metas.clear()
+        _metas[mkey] = (val, run)
     direct = target if target is not None and not _overlaps(target, args, kwargs) else None
     ctx = EagerCtx(dev, opn, direct)
     if isinstance(res_val, torch.Tensor) and not isinstance(val, (tuple, list)):
@@ -578,6 +600,10 @@ def _kernel(fop: Any, called: Any, kind: str, make: Callable, applies: Callable 
     opn = op_name(called)
     per_shape = fop in _PER_SHAPE
 
+    # Dynamo never traces a device kernel: it is called by the dispatcher, also from the eager
+    # regions of a partly compiled model, and runs generated code (the executor's steps) that
+    # Dynamo's per-frame skip rules cannot name
+    @torch.compiler.disable
     def kernel(*args: Any, **kwargs: Any) -> Any:
         # inside a compiled graph an op the compiler left as a fallback stays a counted host
         # fallback, as the compiler's report says

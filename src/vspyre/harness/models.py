@@ -318,12 +318,38 @@ def tiny_mobilenet_v2(batch: int = 2, image_size: int = 64, seed: int = 0) -> Mo
     return ModelCase("tiny-mobilenet-v2", model, {"pixel_values": _pixels(batch, image_size, seed)},
                      kind="cnn", output_fn=logits, meta={"attn": "none"})
 
+MOE_EXPERTS = ("eager", "batched_mm", "grouped_mm")
+
+
+def tiny_mixtral(batch: int = 2, seq: int = 16, seed: int = 0, experts: str = "eager") -> ModelCase:
+    """Mixtral: a mixture-of-experts decoder - per layer a router picks 2 of 4 SwiGLU experts per
+    token (softmax, top-k, renormalised weights) - with grouped-query attention (4 query / 2 KV
+    heads), width 64, expert MLP 128, 2 layers, vocabulary 1000; random weights. ``experts``
+    selects transformers' expert implementation: ``"eager"`` (its default: a loop over the hit
+    experts, found with ``one_hot`` and ``nonzero``), ``"batched_mm"`` (each token's expert weights
+    gathered, one batched matmul) or ``"grouped_mm"`` (tokens sorted by expert, counted with
+    ``histc``, one grouped matmul)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    if experts not in MOE_EXPERTS:
+        raise ValueError(f"tiny_mixtral: experts must be one of {MOE_EXPERTS}, got {experts!r}")
+    cfg = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=1000,
+                        max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                        use_cache=False, attn_implementation="sdpa", experts_implementation=experts)
+    model = _build(MixtralForCausalLM, cfg, seed)
+    ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=_gen(seed))
+    return ModelCase("tiny-mixtral" + ("" if experts == "eager" else f"-{experts}"), model, {"input_ids": ids},
+                     kind="llm", output_fn=logits, is_transformer=True,
+                     meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
+
 
 # -- registry --------------------------------------------------------------------------------
 
 SUITE: dict[str, Callable[..., ModelCase]] = {
     "gpt2": tiny_gpt2,
     "llama": tiny_llama,
+    "mixtral": tiny_mixtral,
     "bert": tiny_bert,
     "t5": tiny_t5,
     "vit": tiny_vit,

@@ -246,6 +246,12 @@ class SpyreKernel(SIMDKernel):
         text = re.sub(r"\b(tmp\d+)\b", r"{\1}", text)
         return f'f"{text}"'
 
+    def device_assert_async(self, cond: CSEVariable, msg: str) -> None:
+        """An async assert (F.one_hot's range check) as the IR's ``device_assert``: the condition
+        passes through and the kernel fails with ``msg`` where it is false. Inductor's lowering
+        stores the assert's (``None``) result; :meth:`store` stores the checked condition."""
+        self._asserted = self.cse.generate(self.compute, f"b.device_assert({cond}, {msg!r})", dtype=torch.bool)
+
     def check_bounds(self, expr: sympy.Expr, size: sympy.Expr, lower: bool, upper: bool) -> None:
         """Out-of-bounds indirect accesses are caught by the runtime (it checks every gather)."""
 
@@ -268,6 +274,8 @@ class SpyreKernel(SIMDKernel):
     def store(self, name: str, index: sympy.Expr, value: CSEVariable, mode: Any = None) -> None:
         if mode is not None:
             raise UnsupportedKernelOp(f"store mode {mode!r} (atomic/scatter stores) into {name}")
+        if value is None and getattr(self, "_asserted", None) is not None:
+            value = self._asserted
         var = self.args.output(name)
         self._stored.add(name)
         index = self.prepare_indexing(index)

@@ -135,6 +135,13 @@ class LibraryKernel:
             mask = specs[-2] if p.get("mask") else None
             prog = self.builder(q, k, v, specs[-1], mask, p.get("scale"), p.get("causal", False),
                                 name=p.get("name", "attention"), source="inductor")
+        elif self.kind == "topk":
+            want = p["want"]
+            prog = self.builder(specs[0], p["k"], specs[1] if want == "values" else None,
+                                specs[1] if want == "indices" else None, p["largest"], name=f"topk_{want}",
+                                source="inductor")
+        elif self.kind == "histc":
+            prog = self.builder(specs[0], p["bins"], p["lo"], p["hi"], specs[1], source="inductor")
         else:  # pragma: no cover - a new library kind must say how its arguments map
             raise NotImplementedError(f"library kernel {self.kind!r}")
         runtime.launch(prog, *tensors, source="inductor")

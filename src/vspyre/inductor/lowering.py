@@ -458,6 +458,51 @@ def _register_attention() -> None:
     lowerings[op] = sdpa
 
 
+def _topk(x: Any, k: Any, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any | None:
+    """``topk`` along the last dim as the card's library program (``vspyre.ir.library.topk``): one
+    node for the values, one for the indices (Inductor drops the one nothing reads). None: not
+    for the card (upstream: a fallback)."""
+    from ..ir.library import TOPK_MAX
+
+    if not _on_spyre(x):
+        return None
+    size = list(x.get_size())
+    if not size or int(dim) % len(size) != len(size) - 1 or not isinstance(k, int) or not 1 <= k <= TOPK_MAX:
+        return None
+    shape = size[:-1] + [k]
+    params = {"k": k, "largest": bool(largest)}
+    device = x.get_device()
+    values = _library_node("topk", {**params, "want": "values"}, [x], shape, x.get_dtype(), device)
+    indices = _library_node("topk", {**params, "want": "indices"}, [x], shape, torch.int64, device)
+    return values, indices
+
+
+def _histc(x: Any, bins: int = 100, min: Any = 0, max: Any = 0) -> Any | None:
+    """``histc`` over fixed edges as the card's library program (``vspyre.ir.library.histc``:
+    fp32 counts for every dtype, so integer inputs work). None: upstream (a fallback)."""
+    if not _on_spyre(x) or not float(min) < float(max) or len(x.get_size()) != 1:
+        return None
+    return _library_node("histc", {"bins": int(bins), "lo": float(min), "hi": float(max)}, [x], [int(bins)],
+                         x.get_dtype(), x.get_device())
+
+
+def _register_library_ops() -> None:
+    """Ops Inductor leaves as fallbacks that the card has a library program for (the routing ops
+    of mixture-of-experts models)."""
+    lowerings = compat.get("inductor_lowering").lowerings
+    for op, ours in ((torch.ops.aten.topk.default, _topk), (torch.ops.aten.histc.default, _histc)):
+        upstream = lowerings.get(op)
+        if upstream is None or getattr(upstream, "_vspyre", False):
+            continue
+
+        def lowering(*args: Any, _upstream: Callable = upstream, _ours: Callable = ours, **kwargs: Any) -> Any:
+            out = _ours(*args, **kwargs)
+            return _upstream(*args, **kwargs) if out is None else out
+
+        lowering._vspyre = True  # type: ignore[attr-defined]
+        lowerings[op] = lowering
+
+
 def register() -> None:
     from ..compat import bmm_kernel as bmm_mod, mm_kernel as mm_mod
 
@@ -482,4 +527,5 @@ def register() -> None:
     _register_convolution()
     _register_scans()
     _register_attention()
+    _register_library_ops()
     _register_host_fallbacks()

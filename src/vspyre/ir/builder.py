@@ -52,6 +52,7 @@ class ProgramBuilder:
         self._n = 0
         self.division: WorkDivision | None = None
         self.tiles: TilePlan | None = None
+        self.asserts: dict[str, str] = {}     # device_assert value -> its message
 
     # -- declarations -------------------------------------------------------------------
     def buffer(self, name: str, dtype: torch.dtype, shape: Sequence[Any], strides: Sequence[Any] | None = None,
@@ -112,6 +113,12 @@ class ProgramBuilder:
     def to(self, value: str, dtype: torch.dtype) -> str:
         return self.compute("to", value, dtype=dtype)
 
+    def device_assert(self, cond: str, msg: str) -> str:
+        """``cond`` passed through; the kernel fails with ``msg`` where an element is false."""
+        out = self.compute("device_assert", cond)
+        self.asserts[out] = msg
+        return out
+
     def index_value(self, expr: Any, dtype: torch.dtype = torch.int64) -> str:
         out = self._new("ix")
         self.body.append(IndexValue(out, to_expr(expr), dtype))
@@ -159,6 +166,8 @@ class ProgramBuilder:
         ``RingReduce`` that would combine the per-core partials; it is the identity unless the
         planner splits that dim (a long contraction on few output tiles: decode, P@V)."""
         body = tuple(self.body)
+        if self.asserts:
+            meta = {**meta, "asserts": dict(self.asserts)}
         p = Program(self.name, tuple(self.buffers), tuple(self.dims), body, self.division, self.tiles,
                     tuple(self.scalars), self.source, meta)
         p.analysis

@@ -10,6 +10,18 @@ program, its plan and its cost are the same on both paths. :func:`conv` is the i
 convolution the standalone compiler launches (the Inductor extension builds the same form in
 Inductor's IR, where it fuses with what follows).
 
+The routing ops of mixture-of-experts models are library programs too (eager kernels, the
+standalone compiler and, for :func:`topk`, the Inductor extension launch them): :func:`topk` (k
+rounds of a max and an argmax, each masking its pick), :func:`gather_rows` (``x[idx]``, an
+indirect load), :func:`scatter_fill` (``scatter(dim=-1, idx, value)``, what ``one_hot`` does off
+the CPU: an ``any`` over the index's entries per output column), :func:`index_add` (``index_add``
+along dim 0 as a masked sum over the source rows: exact with repeated indices, no atomics, at
+O(rows x sources) vector work), :func:`histc` (a histogram over fixed edges as one masked count per
+bin, in fp32 for every input dtype: the integer ``histc`` the CPU lacks) and :func:`scan` (``cumsum``/``cumprod`` as a masked reduction, the
+Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``).
+
+Shapes and strides in specs may be size symbols (eager kernels build one program per rank).
+
 A tensor is described by a *spec* ``(dtype, shape, strides)``.
 """
 
@@ -23,7 +35,8 @@ import torch
 from .builder import ProgramBuilder
 from .program import Program
 
-__all__ = ["Spec", "attention", "conv", "spec_of"]
+__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "histc", "index_add", "scan", "scatter_fill", "spec_of",
+           "topk"]
 
 Spec = tuple  # (torch.dtype, shape tuple, strides tuple)
 
@@ -210,4 +223,180 @@ def conv(x: Spec, w: Spec, bias: Spec | None, out: Spec, stride: tuple[int, ...]
     else:
         opos = oh * os_[2] + ow * os_[3]
     b.store(ob, bn * os_[0] + oc * os_[1] + opos, b.to(acc, out[0]))
+    return b.build()
+
+
+SCAN_MAX = 4096         # longest dim a scan is a masked reduction for (quadratic work)
+TOPK_MAX = 16           # largest k topk is k rounds of max + argmax for
+
+
+def _idx(strides: Any, dims: list) -> Any:
+    return sum((st * d for st, d in zip(strides, dims)), 0)
+
+
+def _extreme(dt: torch.dtype, largest: bool) -> Any:
+    if dt.is_floating_point:
+        return float("-inf") if largest else float("inf")
+    if dt == torch.bool:
+        return not largest
+    info = torch.iinfo(dt)
+    return info.min if largest else info.max
+
+
+def _checked_index(b: ProgramBuilder, i: str, n: Any, what: str) -> str:
+    """``i``, which must lie in ``[0, n)`` (scatter and index_add take no negative indices): one
+    outside stops the kernel, as the CPU's index check raises."""
+    ok = b.device_assert(b.logical_and(b.ge(i, 0), b.lt(i, b.index_value(n))),
+                         f"{what}: an index is out of bounds for a dimension of that size")
+    return b.where(ok, i, 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def topk(x: Spec, k: int, values: Spec | None, indices: Spec | None, largest: bool = True,
+         name: str = "topk", source: str = "library") -> Program:
+    """The ``k`` largest (smallest) entries along the last dim, sorted, and their positions: k
+    rounds of a max and an argmax over the dim, each round masking what it picked (ties: the
+    lower index first; NaN counts as the largest, as in ``torch.topk``)."""
+    if not 1 <= k <= TOPK_MAX:
+        raise ValueError(f"topk: k={k} outside 1..{TOPK_MAX} (k rounds of max + argmax)")
+    dt, shape, strides = x
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", dt, shape, strides)
+    vb = b.output("values", *values) if values is not None else None
+    ib = b.output("indices", *indices) if indices is not None else None
+    lead = [b.dim(f"x{i}", n) for i, n in enumerate(shape[:-1])]
+    r = b.rdim("r0", shape[-1])
+    cur = b.load(xb, _idx(strides, lead + [r]))
+    pos = b.index_value(r)
+    ext, arg = ("max", "argmax") if largest else ("min", "argmin")
+    for j in range(k):
+        if vb is not None:
+            b.store(vb, _idx(values[2][:-1], lead) + values[2][-1] * j, b.reduce(ext, cur, r))
+        a = b.reduce(arg, cur, r)
+        if ib is not None:
+            b.store(ib, _idx(indices[2][:-1], lead) + indices[2][-1] * j, a)
+        if j + 1 < k:
+            cur = b.where(b.eq(pos, a), _extreme(dt, largest), cur)
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def gather_rows(x: Spec, idx: Spec | tuple, out: Spec, name: str = "gather", source: str = "library") -> Program:
+    """``out[i..., c...] = x[idx0[i...], idx1[i...], ..., c...]`` (``x[idx]``, ``x[idx0, idx1]``,
+    ``index_select(x, 0, idx)``): one index tensor per leading dim of ``x``, all of one shape;
+    negative indices count from the end; an index out of range stops the kernel (the runtime
+    checks every indirect load)."""
+    idxs = idx if isinstance(idx[0], tuple) else (idx,)
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    ibs = [b.input(f"idx{j}", *sp) for j, sp in enumerate(idxs)]
+    ob = b.output("out", *out)
+    q, n = len(idxs[0][1]), len(idxs)
+    dims = [b.dim(f"x{i}", m) for i, m in enumerate(out[1])]
+    terms = []
+    for j, (ib, sp) in enumerate(zip(ibs, idxs)):
+        row = b.load(ib, _idx(sp[2], dims[:q]))
+        row = b.where(b.lt(row, 0), b.add(row, b.index_value(x[1][j])), row)
+        terms.append(f"{row}*({x[2][j]})")
+    rest = _idx(x[2][n:], dims[q:])
+    v = b.load(xb, " + ".join(terms) + f" + ({rest})")
+    b.store(ob, _idx(out[2], dims), v)
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def scatter_fill(x: Spec, idx: Spec, out: Spec, value: Any, name: str = "scatter", source: str = "library") -> Program:
+    """``out = x.scatter(-1, idx, value)``: ``out[..., c] = value`` where some ``idx[..., j] == c``,
+    else ``x[..., c]`` (an ``any`` over the index's last dim per output column)."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    ib = b.input("idx", *idx)
+    ob = b.output("out", *out)
+    lead = [b.dim(f"x{i}", n) for i, n in enumerate(x[1][:-1])]
+    c = b.dim(f"x{len(lead)}", x[1][-1])
+    j = b.rdim("r0", idx[1][-1])
+    i = _checked_index(b, b.load(ib, _idx(idx[2], lead + [j])), x[1][-1], "scatter")
+    hit = b.reduce("any", b.eq(i, b.index_value(c)), j)
+    v = b.where(hit, b.to(b.const(value, torch.float32 if isinstance(value, float) else torch.int64), x[0]),
+                b.load(xb, _idx(x[2], lead + [c])))
+    b.store(ob, _idx(out[2], lead + [c]), b.to(v, out[0]))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def index_add(x: Spec, idx: Spec, src: Spec, out: Spec, alpha: Any = 1, name: str = "index_add",
+              source: str = "library") -> Program:
+    """``out = x.index_add(0, idx, src, alpha=alpha)``: ``out[r, ...] = x[r, ...] + alpha *
+    sum_i [idx[i] == r] src[i, ...]``, a masked sum over the source rows (exact with repeated
+    indices, no atomics; vector work rows x sources)."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    ib = b.input("idx", *idx)
+    sb = b.input("src", *src)
+    ob = b.output("out", *out)
+    dims = [b.dim(f"x{i}", n) for i, n in enumerate(x[1])]
+    i = b.rdim("r0", idx[1][0])
+    k = _checked_index(b, b.load(ib, idx[2][0] * i), x[1][0], "index_add")
+    v = b.where(b.eq(k, b.index_value(dims[0])), b.load(sb, src[2][0] * i + _idx(src[2][1:], dims[1:])), 0.0)
+    acc = b.reduce("sum", v, i)
+    if alpha != 1:
+        acc = b.mul(acc, alpha)
+    b.store(ob, _idx(out[2], dims), b.to(b.add(b.load(xb, _idx(x[2], dims)), acc), out[0]))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def scan(op: str, x: Spec, dim: int, out: Spec, name: str | None = None, source: str = "library") -> Program:
+    """``cumsum``/``cumprod`` along ``dim``: ``out[..., i, ...] = op over j <= i of x[..., j, ...]``,
+    a masked reduction (the Inductor extension's form)."""
+    if op not in ("sum", "prod"):
+        raise ValueError(f"scan: {op!r} is not sum or prod")
+    b = ProgramBuilder(name or f"cum{op}", source=source)
+    xb = b.input("x", *x)
+    ob = b.output("out", *out)
+    dims = [b.dim(f"x{i}", n) for i, n in enumerate(x[1])]
+    j = b.rdim("r0", x[1][dim])
+    src = list(dims)
+    src[dim] = j
+    v = b.load(xb, _idx(x[2], src))
+    if out[0] != x[0]:
+        v = b.to(v, out[0])
+    v = b.where(b.le(b.index_value(j), b.index_value(dims[dim])), v, 0 if op == "sum" else 1)
+    b.store(ob, _idx(out[2], dims), b.to(b.reduce(op, v, j), out[0]))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def histc(x: Spec, bins: int, lo: float, hi: float, out: Spec, name: str = "histc", source: str = "library") -> Program:
+    """``torch.histc`` of a 1-D ``x`` over ``bins`` equal bins of ``[lo, hi]`` (``lo < hi``):
+    ``out[c]`` counts the elements in bin ``c`` (the last bin includes ``hi``; elements outside are
+    ignored), computed in fp32 whatever ``x``'s dtype."""
+    if not lo < hi:
+        raise ValueError(f"histc: the range [{lo}, {hi}] is empty (fixed edges only)")
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    ob = b.output("out", *out)
+    c = b.dim("x0", bins)
+    r = b.rdim("r0", x[1][0])
+    v = b.to(b.load(xb, x[2][0] * r), torch.float32)
+    inside = b.logical_and(b.ge(v, float(lo)), b.le(v, float(hi)))
+    k = b.to(b.floor(b.mul(b.sub(v, float(lo)), float(bins) / (float(hi) - float(lo)))), torch.int64)
+    k = b.minimum(k, bins - 1)
+    hit = b.logical_and(inside, b.eq(k, b.index_value(c)))
+    n = b.reduce("sum", b.where(hit, 1.0, 0.0), r)
+    b.store(ob, out[2][0] * c, b.to(n, out[0]))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def check(cond: Spec, out: Spec, msg: str, name: str = "assert", source: str = "library") -> Program:
+    """``_assert_async(cond, msg)`` on the card: every element of ``cond`` must be true, else the
+    kernel stops with ``msg`` (an ``any`` of the negation, then ``device_assert``); ``out`` (one
+    bool) receives the verdict."""
+    b = ProgramBuilder(name, source=source)
+    cb = b.input("cond", *cond)
+    ob = b.output("ok", *out)
+    rs = [b.rdim(f"r{i}", n) for i, n in enumerate(cond[1])]
+    bad = b.reduce("any", b.logical_not(b.load(cb, _idx(cond[2], rs))), rs)
+    b.store(ob, 0, b.device_assert(b.logical_not(bad), msg))
     return b.build()

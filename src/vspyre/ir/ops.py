@@ -65,6 +65,8 @@ class Access:
         elems = 1
         for d in self.dims:
             elems *= ext[d]
+        if elems == 0:                   # an empty tile moves nothing
+            return 0, 0
         if self.probe is not None:
             return self.probe(ext)
         if self.contiguous:
@@ -168,6 +170,22 @@ for _n, _fn in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", tor
 _vec("logical_and", torch.logical_and, 2, "a and b -> bool", result="bool")
 _vec("logical_or", torch.logical_or, 2, "a or b -> bool", result="bool")
 _vec("logical_not", torch.logical_not, 1, "not a -> bool", result="bool")
+
+
+class DeviceAssertError(RuntimeError):
+    """A device-side assertion (``device_assert``) found a false element."""
+
+
+def _device_assert(c: torch.Tensor) -> torch.Tensor:
+    if not bool(torch.all(c)):
+        raise DeviceAssertError("device-side assertion failed")
+    return c
+
+
+# Inductor's device_assert_async (F.one_hot's range check): the condition passes through, a false
+# element stops the kernel with the assertion's message (the program's meta["asserts"]).
+_vec("device_assert", _device_assert, 1, "c, raising when any element is false (an async assert)",
+     result="bool")
 _vec("isnan", torch.isnan, 1, "a is NaN -> bool", result="bool")
 _vec("isinf", torch.isinf, 1, "a is +-inf -> bool", result="bool")
 _vec("neg", torch.neg, 1, "-a")

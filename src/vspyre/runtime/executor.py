@@ -26,7 +26,7 @@ import torch
 
 from .. import hardware, numerics
 from ..ir.indexing import affine_form, compile_expr, free_names, sym
-from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, SOFTMAX_MATMUL, _cast_fn, _matmul_eval
+from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, SOFTMAX_MATMUL, DeviceAssertError, _cast_fn, _matmul_eval
 from ..ir.planning import resolve
 from ..ir.schedule import (Schedule, ScheduleError, bind_sizes, iter_tiles, live_bytes, op_rules, runs_at)
 from ..ir.program import (Compute, Constant, IndexValue, Load, Matmul, Program, ProgramError, Reduce, RingReduce,
@@ -183,6 +183,9 @@ def _const_tensor(v: Any, ndim: int) -> torch.Tensor:
 
 
 def _fail(p: Program, i: int, op: Any, e: Exception, where: str = "") -> RuntimeError:
+    if isinstance(e, DeviceAssertError):
+        msg = p.meta.get("asserts", {}).get(getattr(op, "out", None), "")
+        return DeviceAssertError(f"program {p.name}: device-side assertion failed{where}: {msg}")
     return RuntimeError(f"program {p.name}: op {i} ({op.kind}{' ' + op.buffer if hasattr(op, 'buffer') else ''})"
                         f"{where}: {type(e).__name__}: {e}")
 

@@ -145,6 +145,19 @@ class Ctx:
             p = self._memo[key] = build()
         return p
 
+    # Lowerings written with these three build programs from specs this context chooses: concrete
+    # here (a program per shape), size symbols in eager mode (``vspyre.eager``: one per rank).
+    def spec(self, t: torch.Tensor, name: str) -> tuple:
+        """``t``'s spec (dtype, shape, strides); ``name`` keeps its symbols apart in eager mode."""
+        return (t.dtype, tuple(t.shape), tuple(t.stride()))
+
+    def stride_spec(self, t: torch.Tensor, name: str) -> tuple:
+        return tuple(t.stride())
+
+    def key(self, t: torch.Tensor) -> tuple:
+        """What of ``t`` a program built from :meth:`spec` depends on."""
+        return (t.dtype, tuple(t.shape), tuple(t.stride()))
+
     def launch(self, prog, *tensors: torch.Tensor) -> None:
         runtime.launch(prog, *tensors, mode=self.mode, source="standalone")
 

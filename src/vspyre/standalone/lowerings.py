@@ -26,6 +26,7 @@ import torch
 
 from . import kernels as K
 from .kernels import spec
+from ..ir import library
 from ..ir.ops import OPS
 from ..trace import op_name
 
@@ -180,6 +181,7 @@ POINTWISE: dict[Any, Callable] = {
     aten.logical_or.default: lambda a, b: ("logical_or", a, b),
     aten.bitwise_not.default: lambda a: ("bitwise_not", a),
     aten.isnan.default: lambda a: ("isnan", a),
+    aten.floor_divide.default: lambda a, b: ("floordiv", a, b),
     aten.isinf.default: lambda a: ("isinf", a),
     aten.clone.default: lambda a, memory_format=None: a,
     aten.lift_fresh_copy.default: lambda a: a,
@@ -486,7 +488,7 @@ def _rdims(x, dims):
     return tuple(sorted(d % max(x.dim(), 1) for d in dims))
 
 
-def reduce_run(ctx, op, x, dims, keepdim, odt, prologue=None):
+def reduce_run(ctx, op, x, dims, keepdim, odt, prologue=None, epilogue=None):
     if x.dim() == 0:
         # a 0-d input reduces to a 0-d result whatever dim/keepdim say (sum(x, 0, keepdim=True)
         # of a scalar is a scalar): reduce its 1-element view fully
@@ -496,8 +498,9 @@ def reduce_run(ctx, op, x, dims, keepdim, odt, prologue=None):
     out = ctx.alloc(shape, odt)
     ov = out.view(1) if out.dim() == 0 else out
     scale = 1.0 / math.prod(x.shape[d] for d in rd) if op == "mean" else None
-    prog = ctx.memo(("red", op, spec(x), rd, keepdim, odt, prologue), lambda: K.reduction(
-        op, spec(x), rd, spec(ov) if out.dim() else (odt, (1,), (1,)), keepdim or out.dim() == 0, scale, prologue))
+    prog = ctx.memo(("red", op, spec(x), rd, keepdim, odt, prologue, epilogue), lambda: K.reduction(
+        op, spec(x), rd, spec(ov) if out.dim() else (odt, (1,), (1,)), keepdim or out.dim() == 0, scale, prologue,
+        epilogue))
     ctx.launch(prog, x, ov)
     return out
 
@@ -524,6 +527,10 @@ register(aten.argmax.default, "kernel", "reduction")(_make_reduce("argmax"))
 register(aten.argmin.default, "kernel", "reduction")(_make_reduce("argmin"))
 register(aten.prod.dim_int, "kernel", "reduction")(_make_reduce("prod"))
 register(aten.any.dim, "kernel", "reduction")(_make_reduce("any"))
+_NOT = ("logical_not", ("x",))
+register([aten.all.default, aten.all.dim], "kernel", "reduction")(
+    lambda node: (lambda ctx, x, dim=None, keepdim=False: reduce_run(ctx, "any", x, dim, keepdim, _meta_dtype(node),
+                                                                     _NOT, _NOT)))
 
 
 # ------------------------------------------------------------------------------ softmax
@@ -726,4 +733,142 @@ def _sdpa(node):
     def run(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return attention_run(ctx, q, k, v, odt, s, attn_mask, is_causal)
+    return run
+
+
+# ------------------------------------------------------------------------------ routing (mixture of experts)
+# Library programs (vspyre.ir.library) built from ctx.spec: concrete specs in compiled graphs, size
+# symbols for eager kernels (one program per rank), through the same lowering.
+
+@register([aten.topk.default], "kernel", "top-k: k rounds of max + argmax along the last dim (library.topk)")
+def _topk(node):
+    def run(ctx, x, k, dim=-1, largest=True, sorted=True):
+        if x.dim() == 0 or dim % x.dim() != x.dim() - 1 or not 1 <= k <= library.TOPK_MAX:
+            return ctx.host_fallback(aten.topk.default, x, k, dim, largest, sorted)
+        xs = ctx.spec(x, "x")
+        shape = tuple(x.shape[:-1]) + (k,)
+        v = ctx.alloc(shape, x.dtype)
+        i = ctx.alloc(shape, torch.int64, fresh=True)
+        vs, is_ = (x.dtype, xs[1][:-1] + (k,), ctx.stride_spec(v, "v")), (torch.int64, xs[1][:-1] + (k,),
+                                                                      ctx.stride_spec(i, "i"))
+        prog = ctx.memo(("topk", ctx.key(x), k, largest),
+                        lambda: library.topk(xs, k, vs, is_, bool(largest), source=K.SOURCE))
+        ctx.launch(prog, x, v, i)
+        return v, i
+    return run
+
+
+def _index_applies(node) -> bool:
+    idx = node.args[1] if len(node.args) > 1 else None
+    return (isinstance(idx, (list, tuple)) and len(idx) >= 1 and all(
+        i is not None and not i.meta["val"].dtype.is_floating_point and i.meta["val"].dtype != torch.bool
+        for i in idx))
+
+
+@register([aten.index.Tensor], "kernel", "x[idx0, idx1...] with integer indices on the leading dims: an "
+          "indirect-load gather (library.gather_rows)", applies=_index_applies)
+def _index(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, indices):
+        bshape = tuple(torch.broadcast_shapes(*[i.shape for i in indices]))
+        idxs = [i.expand(bshape) for i in indices]
+        out = ctx.alloc(bshape + tuple(x.shape[len(idxs):]), odt)
+        xs = ctx.spec(x, "x")
+        i0 = ctx.spec(idxs[0], "i")
+        iss = tuple((i.dtype, i0[1], ctx.stride_spec(i, f"i{j}_")) for j, i in enumerate(idxs))
+        os_ = (odt, i0[1] + xs[1][len(idxs):], ctx.stride_spec(out, "o"))
+        prog = ctx.memo(("gather", ctx.key(x), tuple(ctx.key(i) for i in idxs)),
+                        lambda: library.gather_rows(xs, iss, os_, source=K.SOURCE))
+        ctx.launch(prog, x, *idxs, out)
+        return out
+    return run
+
+
+@register([aten.scatter.value], "kernel", "scatter(-1, idx, value) (one_hot off the CPU): library.scatter_fill")
+def _scatter_value(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, dim, index, value):
+        r = x.dim()
+        if r == 0 or dim % r != r - 1 or index.dim() != r or tuple(index.shape[:-1]) != tuple(x.shape[:-1]) \
+                or index.shape[-1] == 0:
+            return ctx.host_fallback(aten.scatter.value, x, dim, index, value)
+        out = ctx.alloc(tuple(x.shape), odt)
+        xs = ctx.spec(x, "x")
+        is_ = (index.dtype, xs[1][:-1] + ctx.spec(index, "i")[1][-1:], ctx.stride_spec(index, "i"))
+        os_ = (odt, xs[1], ctx.stride_spec(out, "o"))
+        prog = ctx.memo(("scatter", ctx.key(x), ctx.key(index), value),
+                        lambda: library.scatter_fill(xs, is_, os_, value, source=K.SOURCE))
+        ctx.launch(prog, x, index, out)
+        return out
+    return run
+
+
+@register([aten.index_add.default], "kernel", "index_add along dim 0 as a masked sum over the sources (library.index_add)")
+def _index_add(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, dim, index, source, alpha=1):
+        if x.dim() == 0 or dim % x.dim() != 0 or index.dim() != 1 or source.dim() != x.dim() \
+                or tuple(source.shape[1:]) != tuple(x.shape[1:]) or source.dtype != x.dtype:
+            return ctx.host_fallback(aten.index_add.default, x, dim, index, source, alpha=alpha)
+        out = ctx.alloc(tuple(x.shape), odt)
+        xs, is_ = ctx.spec(x, "x"), ctx.spec(index, "i")
+        ss = (source.dtype, is_[1] + xs[1][1:], ctx.stride_spec(source, "s"))
+        os_ = (odt, xs[1], ctx.stride_spec(out, "o"))
+        prog = ctx.memo(("index_add", ctx.key(x), ctx.key(index), alpha),
+                        lambda: library.index_add(xs, is_, ss, os_, alpha, source=K.SOURCE))
+        ctx.launch(prog, x, index, source, out)
+        return out
+    return run
+
+
+@register([aten.cumsum.default, aten.cumprod.default], "kernel",
+          f"cumsum/cumprod along a dim of up to {library.SCAN_MAX} as a masked reduction (library.scan)")
+def _scan(node):
+    odt = _meta_dtype(node)
+    op = "sum" if node.target is aten.cumsum.default else "prod"
+
+    def run(ctx, x, dim, dtype=None):
+        if x.dim() == 0 or x.shape[dim] > library.SCAN_MAX:
+            return ctx.host_fallback(node.target, x, dim, dtype=dtype)
+        d = dim % x.dim()
+        out = ctx.alloc(tuple(x.shape), odt)
+        xs = ctx.spec(x, "x")
+        prog = ctx.memo(("scan", op, ctx.key(x), d, odt),
+                        lambda: library.scan(op, xs, d, (odt, xs[1], ctx.stride_spec(out, "o")), source=K.SOURCE))
+        ctx.launch(prog, x, out)
+        return out
+    return run
+
+
+@register([aten.histc.default], "kernel", "histogram over fixed edges, one masked count per bin in fp32 (library.histc)")
+def _histc(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, bins=100, min=0, max=0):
+        if not min < max or x.dim() > 1 and not x.is_contiguous():
+            return ctx.host_fallback(aten.histc.default, x, bins, min, max)
+        flat = x.reshape(-1)
+        out = ctx.alloc((int(bins),), odt)
+        xs = ctx.spec(flat, "x")
+        os_ = (odt, (int(bins),), ctx.stride_spec(out, "o"))
+        prog = ctx.memo(("histc", ctx.key(flat), bins, min, max, odt),
+                        lambda: library.histc(xs, int(bins), float(min), float(max), os_, source=K.SOURCE))
+        ctx.launch(prog, flat, out)
+        return out
+    return run
+
+
+@register([aten._assert_async.msg], "kernel", "device-side assert: the condition checked on the card (library.check)")
+def _assert_async(node):
+    def run(ctx, cond, msg):
+        c = cond.view(1) if cond.dim() == 0 else cond
+        ok = ctx.alloc((1,), torch.bool, fresh=True)
+        cs = ctx.spec(c, "c")
+        prog = ctx.memo(("assert", ctx.key(c), msg),
+                        lambda: library.check(cs, (torch.bool, (1,), (1,)), msg, source=K.SOURCE))
+        ctx.launch(prog, c, ok)
+        return None
     return run

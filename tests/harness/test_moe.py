@@ -1,0 +1,78 @@
+"""A mixture-of-experts decoder (tiny Mixtral) with each of transformers' expert implementations,
+eager on the card, compiled with Inductor and with the standalone compiler: results equal the CPU's
+and the host fallbacks are exactly the ones listed here, each with its reason."""
+
+import pytest
+import torch
+
+from vspyre.harness.models import MOE_EXPERTS, tiny_mixtral
+from vspyre.inductor.wrapper import compiled_fallbacks, reset_compiled_fallbacks
+
+# Host fallbacks per forward (2 layers), by expert implementation and path. Everything else runs
+# on the card: routing softmax, topk (library.topk), one_hot (scatter + a device-side range
+# check), expert gathers (library.gather_rows), index_add (library.index_add), histc.
+EXPECTED = {
+    # "eager" experts: the loop over the experts a batch hit is host control flow - nonzero (which
+    # experts, which tokens) needs the values on the host, on every path (Dynamo breaks the graph).
+    ("eager", "eager"): {"aten::nonzero": 10},
+    ("eager", "inductor"): {"aten::nonzero": 10},
+    ("eager", "spyre_standalone"): {"aten::nonzero": 10},
+    # "batched_mm": gather each token's expert weights, one batched matmul - all on the card.
+    ("batched_mm", "eager"): {},
+    ("batched_mm", "inductor"): {},
+    ("batched_mm", "spyre_standalone"): {},
+    # "grouped_mm": a stable sort by expert and an index_put (no tile form yet), and in compiled
+    # graphs transformers' grouped matmul custom op, which runs its per-expert mm on the host.
+    ("grouped_mm", "eager"): {"aten::sort.values_stable": 2, "aten::_index_put_impl_": 2},
+    ("grouped_mm", "inductor"): {"aten::mm.out": 16, "aten::sort.values_stable": 2},
+    ("grouped_mm", "spyre_standalone"): {"aten::mm.out": 16, "aten::sort.values_stable": 2,
+                                         "aten::_index_put_impl_": 2},
+}
+
+
+@pytest.mark.parametrize("path", ["eager", "inductor", "spyre_standalone"])
+@pytest.mark.parametrize("experts", MOE_EXPERTS)
+def test_mixtral_on_the_card(experts, path):
+    case = tiny_mixtral(experts=experts)
+    ref = case.output()
+    dev = case.clone().to("spyre")
+    model = dev.model if path == "eager" else torch.compile(dev.model, backend=path)
+    torch._dynamo.reset()
+    reset_compiled_fallbacks()
+    torch.spyre.reset_fallback_stats()
+    with torch.no_grad():
+        out = dev.output_fn(model(**dev.inputs))
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    assert torch.spyre.fallback_stats() == EXPECTED[(experts, path)]
+    if path == "inductor" and experts != "grouped_mm":
+        assert compiled_fallbacks() == {}
+
+
+def test_routing_ops_on_the_card_match_the_cpu():
+    torch.manual_seed(0)
+    logits = torch.randn(12, 8)
+    probs = torch.softmax(logits, -1)
+    w, i = torch.topk(probs.to("spyre"), 2)
+    rw, ri = torch.topk(probs, 2)
+    assert torch.equal(i.cpu(), ri) and torch.equal(w.cpu(), rw)
+    # transformers counts tokens per expert with an integer histc off the CPU (the CPU has none):
+    # on the card it equals the CPU's float histc
+    counts = torch.histc(ri.reshape(-1).to(torch.int32).to("spyre"), bins=8, min=0, max=8)
+    assert counts.dtype == torch.int32
+    assert torch.equal(counts.cpu().float(), torch.histc(ri.reshape(-1).float(), bins=8, min=0, max=8))
+    mask = torch.nn.functional.one_hot(ri.to("spyre"), 9)
+    assert torch.equal(mask.cpu(), torch.nn.functional.one_hot(ri, 9))
+    assert torch.spyre.fallback_stats() == {}
+    with pytest.raises(RuntimeError, match="out of bounds"):       # a device-side range check
+        torch.nn.functional.one_hot(ri.to("spyre"), 4)
+    assert torch.equal((i + 1).cpu(), ri + 1)                     # the card stays usable
+
+
+def test_one_hot_async_assert_compiles_to_a_device_check():
+    f = torch.compile(lambda i: torch.nn.functional.one_hot(i, 5).sum(0))
+    i = torch.tensor([0, 3, 4, 1])
+    assert torch.equal(f(i.to("spyre")).cpu(), torch.nn.functional.one_hot(i, 5).sum(0))
+    assert compiled_fallbacks() == {}
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="device-side assertion failed: one_hot: Class values must be smaller"):
+        torch.compile(lambda i: torch.nn.functional.one_hot(i, 5).sum(0))(torch.tensor([0, 7]).to("spyre"))
