@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_estimate.py
 	$(BIN)/python benchmarks/bench_compile_depth.py
 
-# The OpInfo conformance sweep (issue #7): every op_db op x float32/float16 x eager/compiled/
+# The OpInfo conformance sweep (issue #7): every op_db op x float32/float16/bfloat16 x eager/compiled/
 # standalone vs the CPU, with a progress bar; resumes from build/conformance-results.jsonl
 # (CONFORMANCE_ARGS=--fresh to start over) and writes docs/op-coverage.md.
 CONFORMANCE_ARGS ?=

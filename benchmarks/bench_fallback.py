@@ -1,8 +1,9 @@
 """Host-fallback overhead per eager op: the same op on CPU tensors and on spyre tensors, side by side.
 
 Eager ops without a device kernel run on the host through ``vspyre.device.fallback`` (aliasing
-device memory, counted). This prints, per op and size, the median wall time on CPU, on the card,
-their ratio and the absolute overhead the fallback adds per call.
+device memory, counted). This prints, per op and size, the median wall time on CPU, on the card as
+a host fallback (eager device kernels turned off), their ratio and the absolute overhead the
+fallback adds per call, and beside it the same op as an eager device kernel (``vspyre.eager``).
 
     .venv/bin/python benchmarks/bench_fallback.py [--repeat N]
 """
@@ -49,7 +50,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     table = Table(title="eager op: CPU vs spyre (host fallback), median of "
                         f"{args.repeat} calls, {torch.get_num_threads()} threads")
-    for col in ("op", "shape", "cpu (us)", "spyre (us)", "ratio", "overhead (us)"):
+    for col in ("op", "shape", "cpu (us)", "spyre fallback (us)", "ratio", "overhead (us)", "eager kernel (us)"):
         table.add_column(col, justify="left" if col in ("op", "shape") else "right")
     overheads = []
     for n in (64, 1024):
@@ -58,10 +59,13 @@ def main() -> None:
         ad, bd = a.to("spyre"), b.to("spyre")
         for name, fn in OPS.items():
             cpu = _median_us(fn, a, b, args.repeat)
-            dev = _median_us(fn, ad, bd, args.repeat)
+            with torch.spyre.eager_kernels(False):
+                dev = _median_us(fn, ad, bd, args.repeat)
+            kern = _median_us(fn, ad, bd, args.repeat)
             overheads.append(dev - cpu)
-            table.add_row(name, f"{n}x{n}", f"{cpu:.1f}", f"{dev:.1f}", f"{dev / cpu:.2f}x", f"{dev - cpu:.1f}")
-    Console().print(table)
+            table.add_row(name, f"{n}x{n}", f"{cpu:.1f}", f"{dev:.1f}", f"{dev / cpu:.2f}x", f"{dev - cpu:.1f}",
+                          f"{kern:.1f}")
+    Console(width=140).print(table)
     print(f"median fallback overhead per op: {statistics.median(overheads):.1f} us")
     print(f"fallback calls counted: {sum(torch.spyre.fallback_stats().values())}")
 

@@ -14,7 +14,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m vspyre.conformance", description=__doc__)
     p.add_argument("--ops", nargs="*", help="op names (default: every op_db entry)")
     p.add_argument("--families", nargs="*", help="only these families")
-    p.add_argument("--dtypes", nargs="*", default=["float32", "float16"],
+    p.add_argument("--dtypes", nargs="*", default=["float32", "float16", "bfloat16"],
                    help="float32 float16 bfloat16")
     p.add_argument("--modes", nargs="*", default=["eager", "compiled", "standalone"])
     p.add_argument("--eager-samples", type=int, default=5)

@@ -115,16 +115,19 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x) if isinstance(x, torch.Generator) else x
 
 
-def _tensors(x: Any) -> Iterator[torch.Tensor]:
+def iter_tensors(x: Any) -> Iterator[torch.Tensor]:
     """Every tensor in an op's arguments or results (tuples, lists, dicts)."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):
         for v in x:
-            yield from _tensors(v)
+            yield from iter_tensors(v)
     elif isinstance(x, dict):
         for v in x.values():
-            yield from _tensors(v)
+            yield from iter_tensors(v)
+
+
+_tensors = iter_tensors
 
 
 def _meta_like(x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from .. import runtime
 from ..device import fallback as dev_fallback
+from ..device.fallback import iter_tensors as _tensors
 from ..ir.indexing import sym
 from ..standalone import kernels as K
 from ..standalone import lowerings as L
@@ -396,7 +397,7 @@ _NATIVE = {aten.copy.default, aten.fill.Scalar, aten.fill.Tensor, aten.empty.mem
            aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default, aten.embedding.default,
            aten.arange.default, aten.arange.start}
 _PER_SHAPE = {aten.convolution.default, aten.arange.start_step,
-              aten._scaled_dot_product_fused_attention_overrideable.default, aten.constant_pad_nd.default}
+              aten._scaled_dot_product_fused_attention_overrideable.default}
 # device-layer Python kernels this layer supplies the device kernel of (fallback.set_device_kernel)
 _HOOKED = {aten.native_layer_norm.default: aten.native_layer_norm.default,
            aten.convolution_overrideable.default: aten.convolution.default,
@@ -493,14 +494,6 @@ def _meta(t: Any) -> Any:
     if isinstance(t, (list, tuple)):
         return type(t)(_meta(v) for v in t)
     return t
-
-
-def _tensors(x: Any) -> Iterator[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
 
 
 def _eligible(args: tuple, kwargs: dict, target: torch.Tensor | None) -> torch.device | None:
