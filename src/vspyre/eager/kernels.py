@@ -309,33 +309,6 @@ def _make_layer_norm(node):
     return run
 
 
-def _make_batch_norm(training_arg: bool):
-    def make(node):
-        val = node.meta["val"]
-        odt = val[0].dtype
-
-        def run(ctx, x, weight, bias, running_mean, running_var, *rest):
-            training, (momentum, eps) = (rest[0], rest[1:3]) if training_arg else (False, rest[:2])
-            if training or running_mean is None or running_var is None or x.dim() < 2:
-                raise NoTileForm("batch norm in training mode")
-            shape = tuple(x.shape)
-            chan = [1] * x.dim()
-            chan[1] = x.shape[1]
-            per = [t.view(chan) for t in (running_mean, running_var, weight, bias) if t is not None]
-            y = ("mul", ("sub", ("in", 0), ("in", 1)), ("rsqrt", ("add", ("in", 2), ("c", float(eps)))))
-            i = 3
-            if weight is not None:
-                y, i = ("mul", y, ("in", i)), i + 1
-            if bias is not None:
-                y = ("add", y, ("in", i))
-            out = ctx.pointwise("batch_norm", shape, odt, [x] + per, ("to", odt, y))
-            # in inference the CPU kernel returns empty saved statistics (the meta kernel sizes them [C])
-            stats = [torch.empty(0, dtype=x.dtype, device=x.device) for _ in val[1:]]
-            return (out, *stats)
-        return run
-    return make
-
-
 def _make_index_select(node):
     odt = L._meta_dtype(node)
 
@@ -385,8 +358,6 @@ _SYMBOLIC: dict[Any, tuple[str, Callable]] = {
     aten.bmm.default: ("matmul", _make_bmm),
     aten.addmm.default: ("matmul", _make_addmm),
     aten.native_layer_norm.default: ("norm", _make_layer_norm),
-    aten.native_batch_norm.default: ("norm", _make_batch_norm(True)),
-    aten._native_batch_norm_legit_no_training.default: ("norm", _make_batch_norm(False)),
     aten.index_select.default: ("gather", _make_index_select),
 }
 # ops whose tensor work is native in the device layer (copies, fills, allocation, dtype casts

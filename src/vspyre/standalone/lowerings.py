@@ -872,3 +872,41 @@ def _assert_async(node):
         ctx.launch(prog, c, ok)
         return None
     return run
+
+
+# ------------------------------------------------------------------------------ batch norm (inference)
+def _make_batch_norm(training_arg: bool):
+    """Batch norm in inference as one pointwise program over the input and the per-channel
+    statistics and affine (viewed [1, C, 1...] and broadcast); training mode runs on the host."""
+    def make(node):
+        val = node.meta["val"]
+        odt = val[0].dtype
+
+        def run(ctx, x, weight, bias, running_mean, running_var, *rest):
+            training, (momentum, eps) = (rest[0], rest[1:3]) if training_arg else (False, rest[:2])
+            if training or running_mean is None or running_var is None or x.dim() < 2:
+                op = aten.native_batch_norm.default if training_arg else \
+                    aten._native_batch_norm_legit_no_training.default
+                return ctx.host_fallback(op, x, weight, bias, running_mean, running_var, *rest)
+            shape = tuple(x.shape)
+            chan = [1] * x.dim()
+            chan[1] = x.shape[1]
+            per = [t.view(chan) for t in (running_mean, running_var, weight, bias) if t is not None]
+            y = ("mul", ("sub", ("in", 0), ("in", 1)), ("rsqrt", ("add", ("in", 2), ("c", float(eps)))))
+            i = 3
+            if weight is not None:
+                y, i = ("mul", y, ("in", i)), i + 1
+            if bias is not None:
+                y = ("add", y, ("in", i))
+            out = ctx.pointwise("batch_norm", shape, odt, [x] + per, ("to", odt, y))
+            # in inference the CPU kernel returns empty saved statistics (the meta kernel sizes them [C])
+            stats = [torch.empty(0, dtype=x.dtype, device=x.device) for _ in val[1:]]
+            return (out, *stats)
+        return run
+    return make
+
+
+register(aten.native_batch_norm.default, "kernel", "batch norm in inference: one pointwise program")(
+    _make_batch_norm(True))
+register(aten._native_batch_norm_legit_no_training.default, "kernel",
+         "batch norm in inference: one pointwise program")(_make_batch_norm(False))
