@@ -44,6 +44,9 @@ HOOKS: dict[str, Hook] = {
                      "printing a spyre tensor formats it on the host (the formatter upcasts to float64)"),
     "register_log": _H("torch._logging._internal", "register_log", "2.13",
                        "TORCH_LOGS=vspyre names the extension's logger"),
+    "dispatch_has_kernel_for_dispatch_key": _H("torch._C", "_dispatch_has_kernel_for_dispatch_key", "2.13",
+                                               "eager kernels skip CompositeImplicitAutograd ops (a backend kernel "
+                                               "would stop traces from decomposing them)"),
     # -- Dynamo -----------------------------------------------------------------------------------
     "DeviceInterface": _H("torch._dynamo.device_interface", "DeviceInterface", "2.13",
                           "the card's device interface for Dynamo and Inductor (streams, properties, dtypes)"),

@@ -379,7 +379,8 @@ _HOOKED = {aten.native_layer_norm.default: aten.native_layer_norm.default,
 def _composite(op: torch._ops.OpOverload) -> bool:
     """A CompositeImplicitAutograd op never reaches a backend eagerly (it decomposes above it), and
     a backend kernel for it would stop traces from decomposing it (scaled_dot_product_attention)."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    from ..compat import dispatch_has_kernel_for_dispatch_key as has_kernel
+    return has_kernel(op.name(), "CompositeImplicitAutograd")
 
 
 def _entries() -> dict[Any, tuple[str, Callable, Callable | None]]:
