@@ -43,6 +43,9 @@ def _op(name):
 
 CASES = [pytest.param(name, dt, mode, id=f"{fam}-{name}-{str(dt)[6:]}-{mode}")
          for fam, names in SUBSET.items() for name in names for dt in DTYPES for mode in MODES]
+# eager device kernels in bfloat16 too (cheap: no compile)
+CASES += [pytest.param(name, torch.bfloat16, "eager", id=f"{fam}-{name}-bfloat16-eager")
+          for fam, names in SUBSET.items() for name in names]
 
 
 @pytest.mark.parametrize("name,dtype,mode", CASES)
