@@ -38,6 +38,13 @@ def test_routing_programs_match_torch(mode):
     o = torch.empty(3, 9, dtype=torch.int64)
     runtime.launch(L.scan("sum", _sp(c), 1, _sp(o)), c, o, mode=mode)
     assert torch.equal(o, c.cumsum(1))
+    for desc in (False, True):
+        xs = torch.tensor([[2.0, 1.0, 2.0, float("nan"), 1.0, -float("inf"), 0.0]])
+        r, sv, si = torch.empty(1, 7, dtype=torch.int64), torch.empty(1, 7), torch.empty(1, 7, dtype=torch.int64)
+        runtime.launch(L.sort_ranks(_sp(xs), _sp(r), desc), xs, r, mode=mode)
+        runtime.launch(L.sort_select(_sp(xs), _sp(r), _sp(sv), _sp(si)), xs, r, sv, si, mode=mode)
+        want = torch.sort(xs, stable=True, descending=desc)         # ties by index, NaN the largest
+        assert torch.equal(si, want.indices) and torch.allclose(sv, want.values, equal_nan=True)
     h = torch.randint(0, 4, (50,), generator=g).to(torch.int32)
     o = torch.empty(4, dtype=torch.int32)
     runtime.launch(L.histc(_sp(h), 4, 0.0, 4.0, _sp(o)), h, o, mode=mode)

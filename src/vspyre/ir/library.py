@@ -16,7 +16,8 @@ rounds of a max and an argmax, each masking its pick), :func:`gather_rows` (``x[
 indirect load), :func:`scatter_fill` (``scatter(dim=-1, idx, value)``, what ``one_hot`` does off
 the CPU: an ``any`` over the index's entries per output column), :func:`index_add` (``index_add``
 along dim 0 as a masked sum over the source rows: exact with repeated indices, no atomics, at
-O(rows x sources) vector work), :func:`histc` (a histogram over fixed edges as one masked count per
+O(rows x sources) vector work), :func:`sort_ranks` + :func:`sort_select` (a stable sort: each
+entry's rank by a masked count, then the entry of each rank; O(n^2)), :func:`histc` (a histogram over fixed edges as one masked count per
 bin, in fp32 for every input dtype: the integer ``histc`` the CPU lacks) and :func:`scan` (``cumsum``/``cumprod`` as a masked reduction, the
 Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``).
 
@@ -35,8 +36,8 @@ import torch
 from .builder import ProgramBuilder
 from .program import Program
 
-__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "histc", "index_add", "scan", "scatter_fill", "spec_of",
-           "topk"]
+__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "histc", "index_add", "scan", "scatter_fill", "sort_ranks",
+           "sort_select", "spec_of", "topk"]
 
 Spec = tuple  # (torch.dtype, shape tuple, strides tuple)
 
@@ -399,4 +400,53 @@ def check(cond: Spec, out: Spec, msg: str, name: str = "assert", source: str = "
     rs = [b.rdim(f"r{i}", n) for i, n in enumerate(cond[1])]
     bad = b.reduce("any", b.logical_not(b.load(cb, _idx(cond[2], rs))), rs)
     b.store(ob, 0, b.device_assert(b.logical_not(bad), msg))
+    return b.build()
+
+
+def _before(b: ProgramBuilder, a: str, c: str, descending: bool) -> str:
+    """``a`` sorts before ``c`` (NaN is the largest value, as in ``torch.sort``)."""
+    an, cn = b.isnan(a), b.isnan(c)
+    if descending:
+        return b.logical_or(b.gt(a, c), b.logical_and(an, b.logical_not(cn)))
+    return b.logical_or(b.lt(a, c), b.logical_and(cn, b.logical_not(an)))
+
+
+@functools.lru_cache(maxsize=1024)
+def sort_ranks(x: Spec, ranks: Spec, descending: bool = False, name: str = "sort_rank",
+               source: str = "library") -> Program:
+    """The first half of a stable sort along the last dim: ``ranks[..., i]`` = how many entries
+    sort before entry ``i`` (smaller, or equal at a lower index): a masked count, O(n^2) work."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    rb = b.output("ranks", *ranks)
+    lead = [b.dim(f"x{k}", n) for k, n in enumerate(x[1][:-1])]
+    i = b.dim(f"x{len(lead)}", x[1][-1])
+    j = b.rdim("r0", x[1][-1])
+    xi = b.load(xb, _idx(x[2], lead + [i]))
+    xj = b.load(xb, _idx(x[2], lead + [j]))
+    tie = b.logical_and(b.logical_or(b.eq(xj, xi), b.logical_and(b.isnan(xj), b.isnan(xi))),
+                        b.lt(b.index_value(j), b.index_value(i)))
+    first = b.logical_or(_before(b, xj, xi, descending), tie)
+    b.store(rb, _idx(ranks[2], lead + [i]), b.reduce("sum", b.where(first, 1, 0), j))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def sort_select(x: Spec, ranks: Spec, values: Spec, indices: Spec, name: str = "sort_select",
+                source: str = "library") -> Program:
+    """The second half: ``values[..., p]`` / ``indices[..., p]`` = the entry whose rank is ``p``
+    (exactly one per ``p``; a masked sum that adds only zeros besides it)."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    rb = b.input("ranks", *ranks)
+    vb = b.output("values", *values)
+    ib = b.output("indices", *indices)
+    lead = [b.dim(f"x{k}", n) for k, n in enumerate(x[1][:-1])]
+    p = b.dim(f"x{len(lead)}", x[1][-1])
+    i = b.rdim("r0", x[1][-1])
+    hit = b.eq(b.load(rb, _idx(ranks[2], lead + [i])), b.index_value(p))
+    zero = False if x[0] == torch.bool else 0
+    v = b.reduce("sum", b.where(hit, b.load(xb, _idx(x[2], lead + [i])), zero), i)
+    b.store(vb, _idx(values[2], lead + [p]), b.to(v, x[0]))
+    b.store(ib, _idx(indices[2], lead + [p]), b.reduce("sum", b.where(hit, b.index_value(i), 0), i))
     return b.build()

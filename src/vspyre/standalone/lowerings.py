@@ -910,3 +910,30 @@ register(aten.native_batch_norm.default, "kernel", "batch norm in inference: one
     _make_batch_norm(True))
 register(aten._native_batch_norm_legit_no_training.default, "kernel",
          "batch norm in inference: one pointwise program")(_make_batch_norm(False))
+
+
+@register([aten.sort.default, aten.sort.stable], "kernel",
+          f"stable sort along the last dim of up to {library.SCAN_MAX}: ranks by a masked count, then a select "
+          "(library.sort_ranks / sort_select, O(n^2))")
+def _sort(node):
+    def run(ctx, x, *args, **kw):
+        if node.target is aten.sort.stable:
+            dim, descending = kw.get("dim", -1), kw.get("descending", False)
+        else:
+            dim = args[0] if args else kw.get("dim", -1)
+            descending = args[1] if len(args) > 1 else kw.get("descending", False)
+        if x.dim() == 0 or dim % x.dim() != x.dim() - 1 or x.shape[-1] > library.SCAN_MAX:
+            return ctx.host_fallback(node.target, x, *args, **kw)
+        ranks = ctx.alloc(tuple(x.shape), torch.int64, fresh=True)
+        values = ctx.alloc(tuple(x.shape), x.dtype)
+        indices = ctx.alloc(tuple(x.shape), torch.int64, fresh=True)
+        xs = ctx.spec(x, "x")
+        rs = (torch.int64, xs[1], ctx.stride_spec(ranks, "r"))
+        vs, is_ = (x.dtype, xs[1], ctx.stride_spec(values, "v")), (torch.int64, xs[1], ctx.stride_spec(indices, "i"))
+        rank = ctx.memo(("sort_rank", ctx.key(x), bool(descending)),
+                        lambda: library.sort_ranks(xs, rs, bool(descending), source=K.SOURCE))
+        ctx.launch(rank, x, ranks)
+        select = ctx.memo(("sort_select", ctx.key(x)), lambda: library.sort_select(xs, rs, vs, is_, source=K.SOURCE))
+        ctx.launch(select, x, ranks, values, indices)
+        return values, indices
+    return run
