@@ -244,6 +244,13 @@ def _extreme(dt: torch.dtype, largest: bool) -> Any:
     return info.min if largest else info.max
 
 
+def _rows(b: ProgramBuilder, shape: Any, rsize: Any) -> tuple[list, Any, Any]:
+    """The dims of a program over the last dim of ``shape``: the leading dims, the last (parallel),
+    and a reduction dim of ``rsize`` (the other entries each output entry looks at)."""
+    lead = [b.dim(f"x{k}", n) for k, n in enumerate(shape[:-1])]
+    return lead, b.dim(f"x{len(lead)}", shape[-1]), b.rdim("r0", rsize)
+
+
 def _checked_index(b: ProgramBuilder, i: str, n: Any, what: str) -> str:
     """``i``, which must lie in ``[0, n)`` (scatter and index_add take no negative indices): one
     outside stops the kernel, as the CPU's index check raises."""
@@ -313,9 +320,7 @@ def scatter_fill(x: Spec, idx: Spec, out: Spec, value: Any, name: str = "scatter
     xb = b.input("x", *x)
     ib = b.input("idx", *idx)
     ob = b.output("out", *out)
-    lead = [b.dim(f"x{i}", n) for i, n in enumerate(x[1][:-1])]
-    c = b.dim(f"x{len(lead)}", x[1][-1])
-    j = b.rdim("r0", idx[1][-1])
+    lead, c, j = _rows(b, x[1], idx[1][-1])
     i = _checked_index(b, b.load(ib, _idx(idx[2], lead + [j])), x[1][-1], "scatter")
     hit = b.reduce("any", b.eq(i, b.index_value(c)), j)
     v = b.where(hit, b.to(b.const(value, torch.float32 if isinstance(value, float) else torch.int64), x[0]),
@@ -419,9 +424,7 @@ def sort_ranks(x: Spec, ranks: Spec, descending: bool = False, name: str = "sort
     b = ProgramBuilder(name, source=source)
     xb = b.input("x", *x)
     rb = b.output("ranks", *ranks)
-    lead = [b.dim(f"x{k}", n) for k, n in enumerate(x[1][:-1])]
-    i = b.dim(f"x{len(lead)}", x[1][-1])
-    j = b.rdim("r0", x[1][-1])
+    lead, i, j = _rows(b, x[1], x[1][-1])
     xi = b.load(xb, _idx(x[2], lead + [i]))
     xj = b.load(xb, _idx(x[2], lead + [j]))
     tie = b.logical_and(b.logical_or(b.eq(xj, xi), b.logical_and(b.isnan(xj), b.isnan(xi))),
@@ -441,9 +444,7 @@ def sort_select(x: Spec, ranks: Spec, values: Spec, indices: Spec, name: str = "
     rb = b.input("ranks", *ranks)
     vb = b.output("values", *values)
     ib = b.output("indices", *indices)
-    lead = [b.dim(f"x{k}", n) for k, n in enumerate(x[1][:-1])]
-    p = b.dim(f"x{len(lead)}", x[1][-1])
-    i = b.rdim("r0", x[1][-1])
+    lead, p, i = _rows(b, x[1], x[1][-1])
     hit = b.eq(b.load(rb, _idx(ranks[2], lead + [i])), b.index_value(p))
     zero = False if x[0] == torch.bool else 0
     v = b.reduce("sum", b.where(hit, b.load(xb, _idx(x[2], lead + [i])), zero), i)
