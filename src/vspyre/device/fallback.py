@@ -130,7 +130,7 @@ def iter_tensors(x: Any) -> Iterator[torch.Tensor]:
 _tensors = iter_tensors
 
 
-def _meta_like(x: torch.Tensor) -> torch.Tensor:
+def meta_like(x: torch.Tensor) -> torch.Tensor:
     """A meta tensor with ``x``'s dtype, sizes, strides and storage offset (shapes without values)."""
     span = x.untyped_storage().nbytes() // max(1, x.element_size())
     return torch.empty(max(span, x.storage_offset() + 1), dtype=x.dtype, device="meta").as_strided(
@@ -368,7 +368,7 @@ def _shape_only(op: Any, info: _OpInfo, args: tuple, kwargs: dict, target: torch
     def to_meta(x: Any) -> Any:
         if not isinstance(x, torch.Tensor) or x.device.type not in ("spyre", "cpu"):
             return x
-        m = _meta_like(x)
+        m = meta_like(x)
         if x.device.type == "spyre":
             dev_of[id(m)] = x
         return m
@@ -674,7 +674,7 @@ def _host_call(name: str, device: torch.device, fn, *args: Any) -> Any:
     t0 = time.perf_counter_ns()
     if _C._estimate_only():     # shapes only: fn on meta stand-ins, results without values
         try:
-            out = fn(*[_meta_like(a) if _is_spyre(a) else a for a in args])
+            out = fn(*[meta_like(a) if _is_spyre(a) else a for a in args])
         except Exception as e:  # noqa: BLE001 - re-raised with the op named
             raise EstimateOnlyError(f"spyre: {name} cannot run on shapes alone in estimate-only mode "
                                     f"({type(e).__name__}: {e})") from None

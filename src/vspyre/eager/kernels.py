@@ -129,15 +129,11 @@ def _st(prefix: str, r: int) -> tuple:
     return tuple(sym(f"st_{prefix}{i}") for i in range(r))
 
 
-def _compute_dtype(dt: torch.dtype) -> torch.dtype:
-    return torch.bool if dt == torch.bool else (torch.float32 if dt.is_floating_point else torch.int64)
-
-
 def _operand(t: torch.Tensor, shape: tuple) -> torch.Tensor:
     """``t`` broadcast to ``shape`` (a view); a host 0-d tensor (a wrapped Python number) in the
     card's compute dtype (the launch reads host tensors like device memory)."""
     if t.device.type == "cpu":
-        t = t.to(_compute_dtype(t.dtype))
+        t = t.to(K._KIND_DTYPE[K._kind(t.dtype)])      # the card's compute dtype (fp32, int64, bool)
     return t.expand(shape) if tuple(t.shape) != shape else t
 
 
@@ -462,7 +458,7 @@ def _sig(x: Any, full: bool) -> Any:
 
 def _meta(t: Any) -> Any:
     if isinstance(t, torch.Tensor):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        return dev_fallback.meta_like(t)
     if isinstance(t, (list, tuple)):
         return type(t)(_meta(v) for v in t)
     return t
