@@ -20,7 +20,7 @@ import torch
 
 from .indexing import sym, to_expr
 from .ops import OPS
-from .program import (RING_COMBINE, Buffer, Compute, Constant, Dim, IndexValue, Load, Matmul, Program, Reduce,
+from .program import (Buffer, Compute, Constant, Dim, IndexValue, Load, Matmul, Program, Reduce,
                       RingReduce, SoftmaxMatmul, Split, Store, TilePlan, WorkDivision)
 
 __all__ = ["ProgramBuilder", "BufferRef"]
@@ -196,17 +196,11 @@ def with_ring_reductions(p: Program) -> tuple:
             dep = dep | {op.dim}
         for n in op.outputs:
             tainted[n] = dep
-        if isinstance(op, Reduce):
-            ok = len(op.dims) == 1 and op.op in RING_COMBINE
-            dim, kind = (op.dims[0] if op.dims else None), RING_COMBINE.get(op.op)
-        elif isinstance(op, Matmul):
-            ok, dim, kind = op.acc is None, op.dim, "sum"
-        elif isinstance(op, SoftmaxMatmul):
-            ok, dim, kind = True, op.dim, "softmax"
-        else:
+        # a reduction over one dim with a ring combine (a matmul without an accumulator to add)
+        if len(op.reduces) != 1 or op.ring_combine is None or getattr(op, "acc", None) is not None:
             continue
-        name = op.outputs[0]
-        if not ok or name in ringed or dim in tainted[name]:
+        (dim,), kind, name = op.reduces, op.ring_combine, op.outputs[0]
+        if name in ringed or dim in tainted[name]:
             continue
         new = f"{name}_ring"
         out.append(RingReduce(new, kind, name, dim))

@@ -105,8 +105,14 @@ class OpDef:
     cost: Callable[[HardwareConfig, Any, TileCtx], Cost]
     fn: Callable[..., torch.Tensor] | None = None   # vector semantics on host tensors
     arity: int | None = None
-    transcendental: bool = False
-    result: str = "promote"                          # "promote", "bool", "float", "int"
+    transcendental: bool = False                     # its cost: multi-cycle on the vector unit
+    # the result dtype (``result_dtype``): "promote" (torch's promotion: the widest float, int64
+    # registers for integers, bool for bools), "float" (integers and bools become float32: division,
+    # transcendentals), "nobool" (promote, bools counting as integers: square), "bool", "explicit"
+    result: str = "promote"
+    # computed in its result's dtype, not in fp32 registers: bit-level float ops (nextafter), whose
+    # fp16 answer is not the fp32 answer rounded
+    exact_width: bool = False
 
 
 OPS: dict[str, OpDef] = {}
@@ -140,8 +146,10 @@ def _vector_cost(factor_attr: bool, flops_per_elem: int = 1):
 
 
 def _vec(name: str, fn: Callable, arity: int, doc: str, transcendental: bool = False,
-         result: str = "promote", flops: int = 1) -> None:
-    _register(OpDef(name, "vector", doc, _vector_cost(transcendental, flops), fn, arity, transcendental, result))
+         result: str | None = None, flops: int = 1, exact_width: bool = False) -> None:
+    result = result or ("float" if transcendental else "promote")
+    _register(OpDef(name, "vector", doc, _vector_cost(transcendental, flops), fn, arity, transcendental, result,
+                    exact_width))
 
 
 def _f(x):
@@ -157,7 +165,7 @@ _vec("floordiv", lambda a, b: torch.div(a, b, rounding_mode="floor"), 2, "floor(
 # even, IEEE. The card's divide already rounds that way (truediv), so the same op and cost.
 _vec("div_rn", lambda a, b: torch.true_divide(a, b), 2, "a / b rounded to nearest (IEEE; multi-cycle)", True)
 _vec("mod", torch.remainder, 2, "a mod b (sign of b, Python semantics)")
-_vec("pow", lambda a, b: torch.pow(a, b), 2, "a ** b", True)
+_vec("pow", lambda a, b: torch.pow(a, b), 2, "a ** b", True, result="promote")
 _vec("maximum", torch.maximum, 2, "max(a, b), NaN-propagating")
 _vec("minimum", torch.minimum, 2, "min(a, b), NaN-propagating")
 _vec("fmaximum", torch.fmax, 2, "max(a, b) ignoring NaN (NaN only if both are)")
@@ -192,7 +200,7 @@ _vec("neg", torch.neg, 1, "-a")
 _vec("abs", torch.abs, 1, "|a|")
 _vec("relu", torch.relu, 1, "max(a, 0)")
 _vec("sign", torch.sign, 1, "sign(a)")
-_vec("square", torch.square, 1, "a * a")
+_vec("square", torch.square, 1, "a * a", result="nobool")
 _vec("floor", torch.floor, 1, "floor(a)")
 _vec("ceil", torch.ceil, 1, "ceil(a)")
 _vec("identity", lambda a: a, 1, "a (a register move)")
@@ -209,9 +217,10 @@ _vec("trunc", torch.trunc, 1, "round toward zero")
 _vec("round", torch.round, 1, "round half to even")
 _vec("fmod", torch.fmod, 2, "a mod b (sign of a, C semantics)")
 _vec("truncdiv", lambda a, b: torch.div(a, b, rounding_mode="trunc"), 2, "a / b rounded toward zero")
-_vec("copysign", lambda a, b: torch.copysign(_f(a), _f(b)), 2, "|a| with the sign of b")
+_vec("copysign", lambda a, b: torch.copysign(_f(a), _f(b)), 2, "|a| with the sign of b", result="float")
 _vec("signbit", torch.signbit, 1, "sign bit of a -> bool", result="bool")
-_vec("nextafter", lambda a, b: torch.nextafter(_f(a), _f(b)), 2, "next float after a toward b")
+_vec("nextafter", torch.nextafter, 2, "next float after a toward b, in the operands' own float format",
+     exact_width=True)
 for _n, _fn in [("bitwise_and", torch.bitwise_and), ("bitwise_or", torch.bitwise_or),
                 ("bitwise_xor", torch.bitwise_xor), ("bitwise_left_shift", torch.bitwise_left_shift),
                 ("bitwise_right_shift", torch.bitwise_right_shift)]:
@@ -224,6 +233,16 @@ for _n, _fn, _d in [("log10", torch.log10, "log10 a"), ("tan", torch.tan, "tan a
                     ("atanh", torch.atanh, "atanh a"), ("erfc", torch.erfc, "1 - erf a"),
                     ("erfinv", torch.erfinv, "inverse of erf"), ("lgamma", torch.lgamma, "ln |gamma(a)|"),
                     ("digamma", torch.digamma, "d/da ln gamma(a)")]:
+    _vec(_n, (lambda g: (lambda a: g(_f(a))))(_fn), 1, _d, True)
+# Special functions (Inductor's ops.<name>; ATen's <name> or special_<name>): one line each.
+for _n, _fn, _d in [("i0", torch.i0, "modified Bessel function of the first kind, order 0"),
+                    ("i1", torch.special.i1, "modified Bessel function of the first kind, order 1"),
+                    ("i0e", torch.special.i0e, "exponentially scaled i0: exp(-|a|) i0(a)"),
+                    ("i1e", torch.special.i1e, "exponentially scaled i1: exp(-|a|) i1(a)"),
+                    ("ndtr", torch.special.ndtr, "standard normal CDF"),
+                    ("ndtri", torch.special.ndtri, "inverse of the standard normal CDF"),
+                    ("log_ndtr", torch.special.log_ndtr, "log of the standard normal CDF"),
+                    ("erfcx", torch.special.erfcx, "scaled complementary error function: exp(a*a) erfc(a)")]:
     _vec(_n, (lambda g: (lambda a: g(_f(a))))(_fn), 1, _d, True)
 _vec("atan2", lambda a, b: torch.atan2(_f(a), _f(b)), 2, "atan(a / b) with quadrant", True)
 _vec("hypot", lambda a, b: torch.hypot(_f(a), _f(b)), 2, "sqrt(a*a + b*b)", True)
@@ -257,10 +276,10 @@ def result_dtype(op: str, args: list[Any]) -> torch.dtype:
     if floats:
         # the widest float among tensor args (fp16 op fp16 stays fp16 on the card)
         return max(floats, key=lambda t: torch.finfo(t).bits)
-    if d.transcendental or any(isinstance(a, float) for a in args):
+    if d.result == "float" or any(isinstance(a, float) for a in args):
         return torch.float32
     ints = [t for t in tens if t != torch.bool]
-    if ints:
+    if ints or (tens and d.result == "nobool"):
         return torch.int64
     return torch.bool if tens else torch.float32
 
@@ -291,6 +310,84 @@ _register(OpDef("load", "dma_in",
 _register(OpDef("store", "dma_out",
                 "buffer[index] = store_cast(value) where mask: a DMA from scratchpad to device memory",
                 _dma_cost("dma_out")))
+
+
+# Values on the host: what a load puts in a register and how loads and stores move elements. Both
+# executors (fast: the whole iteration space at once; checked: tile by tile) use these, so the two
+# cannot disagree on what a load or a store does.
+def host_value(v: torch.Tensor, clone: bool = False) -> torch.Tensor:
+    """A loaded value as the card holds it in registers: fp32 for floats, int64 for integers."""
+    if v.dtype == torch.float32 or v.dtype == torch.int64 or v.dtype == torch.bool:
+        return v.clone() if clone else v
+    out = v.to(torch.float32) if v.is_floating_point() else v.to(torch.int64)
+    if clone and out.data_ptr() == v.data_ptr():
+        out = out.clone()
+    return out
+
+
+def const_value(v: Any, ndim: int) -> torch.Tensor:
+    """An immediate as a value broadcast over ``ndim`` iteration dims."""
+    if isinstance(v, bool):
+        t = torch.tensor(v)
+    elif isinstance(v, int):
+        t = torch.tensor(v, dtype=torch.int64)
+    else:
+        t = torch.tensor(float(v), dtype=torch.float32)
+    return t.view([1] * ndim)
+
+
+def index_tensor(v: Any, ndim: int) -> torch.Tensor:
+    """An evaluated index expression (a tensor, or an int where it does not vary) as a value."""
+    return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
+
+
+def flat(t: torch.Tensor, span: int) -> torch.Tensor:
+    """A buffer as the flat run of ``span`` elements its addresses index."""
+    return t.as_strided((span,), (1,), t.storage_offset())
+
+
+def gather(mem: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None, other: Any,
+           check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    """``mem[idx]`` where ``mask`` (``other`` elsewhere; masked-off addresses are not read).
+    ``check`` sees the addresses actually read."""
+    if mask is not None:
+        idx, mask = torch.broadcast_tensors(idx, mask)
+        if check is not None:
+            check(idx[mask])
+        vals = host_value(mem[torch.where(mask, idx, 0)])
+        return torch.where(mask, vals, torch.tensor(other, dtype=vals.dtype))
+    if check is not None:
+        check(idx)
+    return host_value(mem[idx])
+
+
+def scatter(mem: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, mask: torch.Tensor | None,
+            check: Callable[[torch.Tensor], None] | None = None) -> None:
+    """``mem[idx] = val`` where ``mask``; ``val`` already in the buffer's dtype. ``check`` sees
+    the addresses actually written."""
+    if mask is not None:
+        idx, val, mask = torch.broadcast_tensors(idx, val, mask)
+        idx, val = idx[mask], val[mask]
+    else:
+        idx, val = torch.broadcast_tensors(idx, val)
+        idx, val = idx.reshape(-1), val.reshape(-1)
+    if check is not None:
+        check(idx)
+    mem[idx] = val
+
+
+def compute_fn(op: Compute, result: torch.dtype) -> Callable[..., torch.Tensor]:
+    """The host function of a vector op whose result has dtype ``result``: the registry's ``fn``
+    on fp32/int64 registers, a cast for ``to``; an ``exact_width`` op runs in its result's float
+    format (nextafter of fp16 values steps fp16's spacing, not fp32's)."""
+    d = OPS[op.op]
+    f = d.fn if d.fn is not None else _cast_fn(op.dtype)
+    if d.exact_width and result.is_floating_point and result != torch.float32:
+        def narrow(*args, g=f):
+            return g(*[a.to(result) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                       for a in args]).to(torch.float32)
+        return narrow
+    return f
 
 
 # ----------------------------------------------------------------------- systolic array

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .program import (Compute, Constant, IndexValue, Load, Matmul, Program, Reduce, RingReduce, SoftmaxMatmul,
-                      Store)
+from .program import Program
 
 __all__ = ["format_program", "dtype_name"]
 
@@ -31,39 +30,6 @@ _SHORT = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", to
 
 def dtype_name(dt: torch.dtype) -> str:
     return _SHORT.get(dt, str(dt).replace("torch.", ""))
-
-
-def _arg(a) -> str:
-    return a if isinstance(a, str) else repr(a)
-
-
-def _op_text(op) -> str:
-    if isinstance(op, Load):
-        m = f" mask={op.mask} other={op.other!r}" if op.mask else ""
-        return f"{op.out} = load {op.buffer}[{op.index}]{m}"
-    if isinstance(op, Store):
-        m = f" mask={op.mask}" if op.mask else ""
-        return f"store {op.buffer}[{op.index}] <- {op.value}{m}"
-    if isinstance(op, Compute):
-        extra = f" -> {dtype_name(op.dtype)}" if op.op == "to" and op.dtype is not None else ""
-        return f"{op.out} = {op.op}({', '.join(_arg(a) for a in op.args)}){extra}"
-    if isinstance(op, IndexValue):
-        return f"{op.out} = index({op.expr})"
-    if isinstance(op, Constant):
-        return f"{op.out} = constant({op.value!r})"
-    if isinstance(op, Matmul):
-        acc = f" + {op.acc}" if op.acc else ""
-        return f"{op.out} = matmul({op.a}, {op.b}) over {op.dim}{acc}"
-    if isinstance(op, Reduce):
-        return f"{op.out} = reduce.{op.op}({op.value}) over {', '.join(op.dims)}"
-    if isinstance(op, SoftmaxMatmul):
-        z = " (all -inf rows: 0)" if op.zero_empty else ""
-        if op.v is None:
-            return f"{op.out} = logsumexp({op.s}) over {op.dim} (online)"
-        return f"{op.out} = softmax_matmul({op.s}, {op.v}) over {op.dim}{z}"
-    if isinstance(op, RingReduce):
-        return f"{op.out} = ring.{op.op}({op.value}) over {op.dim}"
-    return repr(op)  # pragma: no cover
 
 
 def format_program(p: Program, schedule=None) -> str:
@@ -103,7 +69,7 @@ def format_program(p: Program, schedule=None) -> str:
     except Exception:  # print malformed programs too
         an = None
     for op in p.body:
-        text = _op_text(op)
+        text = op.text()
         if an is not None and op.outputs:
             o = op.outputs[0]
             dims = ", ".join(d for d in p.dim_names if d in an.dims[o])

@@ -23,12 +23,12 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import sympy
 import torch
 
-from .indexing import free_names, sym, to_expr
+from .indexing import compile_expr, free_names, sym, to_expr
 
 __all__ = [
     "Buffer", "Dim", "Load", "Store", "Compute", "IndexValue", "Constant", "Matmul", "Reduce",
@@ -123,9 +123,43 @@ class Dim:
 
 # ---------------------------------------------------------------------------------- ops
 # Arguments of ops are SSA names (str) or Python scalars (constants).
+#
+# Each op kind is one class holding everything about it: its operands (``inputs``/``outputs``),
+# its analysis (``analyze``: the dims and dtype of what it defines, and its checks), its text
+# (``text``), its *fast* form (``fast``: a step over the whole iteration space, built once per
+# launch shape) and its *tile* form (``tile``: one tile on one core, as the checked executor runs
+# the schedule). Their value semantics (what a load holds, gathers and scatters, the vector ops,
+# the reductions) are ``vspyre.ir.ops``'s, shared by both forms. The executors only walk programs
+# (whole space, or cores, tiles and rings) and call these.
+#
+# The forms get the executor's context: ``fx`` (fast) has ``p, an, names, ndim, ar, box, spans,
+# bidx`` and ``index_of(expr)``, ``view(op)``, ``subst(expr)``, ``axes(value)``; ``tx`` (tile) has
+# ``p, an, names, ndim, hosts, spans, bidx`` and ``index(i, env, ar)``, ``subst(expr)``,
+# ``axes(value)``, ``read_check(i, op, span, tile)``, ``write_check(i, op, span, tile)``.
+
+STATE = "#state:"     # env key prefix of a reduction's raw partial state (tile form)
+
+
+def _sem():
+    """The value semantics (``vspyre.ir.ops``, which imports this module)."""
+    from . import ops
+    return ops
+
+
+def _arg_text(a) -> str:
+    return a if isinstance(a, str) else repr(a)
+
+
+class _Kind:
+    """What every op kind shares: no reduction, no ring combine."""
+
+    reduces: frozenset = frozenset()      # iteration dims this op reduces over
+    combines: frozenset = frozenset()     # dims whose per-core partials this op combines (ring)
+    ring_combine: str | None = None       # the RingReduce that combines its per-core partials
+
 
 @dataclass(frozen=True)
-class Load:
+class Load(_Kind):
     """``out = buffer[index]`` (``other`` where ``mask`` is false; masked-off elements are not read)."""
 
     out: str
@@ -142,9 +176,44 @@ class Load:
         sorted(n for n in free_names(self.index) if n.startswith("%"))))
     outputs = property(lambda self: (self.out,))
 
+    def analyze(self, sc: "_Scope") -> dict:
+        sc.need_buffer(self.buffer)
+        d = sc.idx_dims(self.index) | (sc.dims[self.mask] if self.mask else frozenset())
+        return {self.out: (d, sc.p.buffer(self.buffer).dtype)}
+
+    def text(self) -> str:
+        m = f" mask={self.mask} other={self.other!r}" if self.mask else ""
+        return f"{self.out} = load {self.buffer}[{self.index}]{m}"
+
+    def fast(self, i: int, fx) -> Callable:
+        S = _sem()
+        bi = fx.bidx[self.buffer]
+        out, mask, other, view = self.out, self.mask, self.other, fx.view(self)
+        if view is not None and mask is None:            # a strided view of the buffer: no copy
+            vshape, vstr, const = view
+            clone = fx.p.buffers[bi].role != "in"
+
+            def step(env, H):
+                t = H[bi]
+                env[out] = S.host_value(t.as_strided(vshape, vstr, t.storage_offset() + const), clone)
+            return step
+        span, index_of = fx.spans[bi], fx.index_of(self.index)
+
+        def step(env, H):
+            env[out] = S.gather(S.flat(H[bi], span), index_of(env), env[mask] if mask else None, other)
+        return step
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        S = _sem()
+        bi = tx.bidx[self.buffer]
+        span = tx.spans[bi]
+        env[self.out] = S.gather(S.flat(tx.hosts[bi], span), tx.index(i, env, ar),
+                                 env[self.mask] if self.mask else None, self.other,
+                                 tx.read_check(i, self, span, tile))
+
 
 @dataclass(frozen=True)
-class Store:
+class Store(_Kind):
     """``buffer[index] = value`` where ``mask`` (through ``numerics.store_cast``)."""
 
     buffer: str
@@ -160,9 +229,61 @@ class Store:
         sorted(n for n in free_names(self.index) if n.startswith("%"))))
     outputs = property(lambda self: ())
 
+    def analyze(self, sc: "_Scope") -> dict:
+        sc.need_buffer(self.buffer)
+        b = sc.p.buffer(self.buffer)
+        if b.role == "in":
+            raise sc.err(f"stores to input-only buffer {b.name}")
+        d = sc.idx_dims(self.index)
+        vd = sc.dims[self.value] | (sc.dims[self.mask] if self.mask else frozenset())
+        if not vd <= d:
+            raise sc.err(f"value {self.value} varies along {sorted(vd - d)} but the index "
+                         f"{self.index} does not: several iterations would write one element")
+        sc.written[self.buffer] = self.value
+        return {}
+
+    def text(self) -> str:
+        m = f" mask={self.mask}" if self.mask else ""
+        return f"store {self.buffer}[{self.index}] <- {self.value}{m}"
+
+    def fast(self, i: int, fx) -> Callable:
+        from .. import numerics
+        S = _sem()
+        bi = fx.bidx[self.buffer]
+        dtype = fx.p.buffers[bi].dtype
+        value, mask, view = self.value, self.mask, fx.view(self, store=True)
+        if view is not None:                              # a strided view, written in place
+            vshape, vstr, const = view
+
+            def step(env, H):
+                t = H[bi]
+                dst = t.as_strided(vshape, vstr, t.storage_offset() + const)
+                val = env[value]
+                if val.dtype != dtype or dtype == torch.float16:
+                    val = numerics.store_cast(val, dtype)
+                if mask is not None:
+                    val = torch.where(env[mask], val, dst)
+                dst.copy_(val)
+            return step
+        span, index_of = fx.spans[bi], fx.index_of(self.index)
+
+        def step(env, H):
+            S.scatter(S.flat(H[bi], span), index_of(env), numerics.store_cast(env[value], dtype),
+                      env[mask] if mask else None)
+        return step
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        from .. import numerics
+        S = _sem()
+        bi = tx.bidx[self.buffer]
+        span = tx.spans[bi]
+        S.scatter(S.flat(tx.hosts[bi], span), tx.index(i, env, ar),
+                  numerics.store_cast(env[self.value], tx.p.buffers[bi].dtype),
+                  env[self.mask] if self.mask else None, tx.write_check(i, self, span, tile))
+
 
 @dataclass(frozen=True)
-class Compute:
+class Compute(_Kind):
     """``out = op(*args)`` on the vector unit; ``op`` names a registry entry (``vspyre.ir.ops``)."""
 
     out: str
@@ -174,9 +295,79 @@ class Compute:
     inputs = property(lambda self: tuple(a for a in self.args if isinstance(a, str)))
     outputs = property(lambda self: (self.out,))
 
+    def analyze(self, sc: "_Scope") -> dict:
+        S = _sem()
+        arity = S.OPS[self.op].arity
+        if arity is not None and len(self.args) != arity:
+            raise sc.err(f"{self.op} takes {arity} argument(s), got {len(self.args)}")
+        d = frozenset().union(*[sc.dims[n] for n in self.inputs]) if self.inputs else frozenset()
+        dt = self.dtype or S.result_dtype(self.op, [sc.dtypes[a] if isinstance(a, str) else a for a in self.args])
+        return {self.out: (d, dt)}
+
+    def text(self) -> str:
+        from .printer import dtype_name
+        extra = f" -> {dtype_name(self.dtype)}" if self.op == "to" and self.dtype is not None else ""
+        return f"{self.out} = {self.op}({', '.join(_arg_text(a) for a in self.args)}){extra}"
+
+    def fn(self, an: "Analysis") -> Callable:
+        """Its host function (``ir.ops.compute_fn`` for its result dtype)."""
+        return _sem().compute_fn(self, an.dtypes[self.out])
+
+    def fast(self, i: int, fx) -> Callable:
+        S = _sem()
+        an, out = fx.an, self.out
+        f = self.fn(an)
+        getters = [a if isinstance(a, str) else S.const_value(a, fx.ndim) for a in self.args]
+        a0 = self.args[0] if self.args else None
+        prod = an.producer.get(a0) if isinstance(a0, str) else None
+        # the first argument is a temporary that dies here: compute into its storage
+        reuse = (self.op in S.INPLACE and isinstance(prod, Compute)
+                 and prod.op not in ("identity", "to")               # those may alias a buffer
+                 and an.last_use.get(a0) == i and self.args.count(a0) == 1
+                 and an.dtypes[a0].is_floating_point and an.dtypes[out].is_floating_point)
+        if reuse and len(self.args) <= 2:
+            meth = S.INPLACE[self.op]
+            other = self.args[1] if len(self.args) == 2 else None
+            o = other if isinstance(other, str) or other is None else float(other)
+
+            def step(env, H):
+                x = env[a0]
+                if o is None:
+                    env[out] = getattr(x, meth)()
+                    return
+                y = env[o] if isinstance(o, str) else o
+                if x.dtype == torch.float32 and (not isinstance(y, torch.Tensor) or (
+                        y.dtype == torch.float32 and torch.broadcast_shapes(x.shape, y.shape) == x.shape)):
+                    env[out] = getattr(x, meth)(y)
+                else:
+                    env[out] = f(x, env[getters[1]] if isinstance(getters[1], str) else getters[1])
+            return step
+        if len(getters) == 1 and isinstance(getters[0], str):
+            g0 = getters[0]
+
+            def step(env, H):
+                env[out] = f(env[g0])
+            return step
+        if len(getters) == 2:
+            g0, g1 = getters
+            s0, s1 = isinstance(g0, str), isinstance(g1, str)
+
+            def step(env, H):
+                env[out] = f(env[g0] if s0 else g0, env[g1] if s1 else g1)
+            return step
+
+        def step(env, H):
+            env[out] = f(*[env[a] if isinstance(a, str) else a for a in getters])
+        return step
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        S = _sem()
+        env[self.out] = self.fn(tx.an)(*[env[a] if isinstance(a, str) else S.const_value(a, tx.ndim)
+                                         for a in self.args])
+
 
 @dataclass(frozen=True)
-class IndexValue:
+class IndexValue(_Kind):
     """``out = expr`` evaluated at every point (Inductor's ``index_expr``: iotas, masks)."""
 
     out: str
@@ -191,9 +382,37 @@ class IndexValue:
     inputs = property(lambda self: tuple(sorted(n for n in free_names(self.expr) if n.startswith("%"))))
     outputs = property(lambda self: (self.out,))
 
+    def analyze(self, sc: "_Scope") -> dict:
+        return {self.out: (sc.idx_dims(self.expr), self.dtype)}
+
+    def text(self) -> str:
+        return f"{self.out} = index({self.expr})"
+
+    def _eval(self, fn: Callable, ar: dict, env: dict, ndim: int) -> torch.Tensor:
+        S = _sem()
+        E = dict(ar)
+        for n in self.inputs:
+            E[n] = env[n]
+        return S._cast_fn(self.dtype)(S.index_tensor(fn(E), ndim))
+
+    def fast(self, i: int, fx) -> Callable:
+        fn, out, ndim, ar = compile_expr(fx.subst(self.expr)), self.out, fx.ndim, fx.ar
+        if self.inputs:       # the expression reads SSA values: evaluated per launch
+            def step(env, H):
+                env[out] = self._eval(fn, ar, env, ndim)
+            return step
+        v = self._eval(fn, ar, {}, ndim)
+
+        def step(env, H):
+            env[out] = v
+        return step
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        env[self.out] = self._eval(compile_expr(tx.subst(self.expr)), ar, env, tx.ndim)
+
 
 @dataclass(frozen=True)
-class Constant:
+class Constant(_Kind):
     out: str
     value: Scalar
     dtype: torch.dtype = torch.float32
@@ -202,9 +421,53 @@ class Constant:
     inputs = property(lambda self: ())
     outputs = property(lambda self: (self.out,))
 
+    def analyze(self, sc: "_Scope") -> dict:
+        return {self.out: (frozenset(), self.dtype)}
+
+    def text(self) -> str:
+        return f"{self.out} = constant({self.value!r})"
+
+    def _value(self, ndim: int) -> torch.Tensor:
+        S = _sem()
+        return S._cast_fn(self.dtype)(S.const_value(self.value, ndim))
+
+    def fast(self, i: int, fx) -> Callable:
+        v, out = self._value(fx.ndim), self.out
+
+        def step(env, H):
+            env[out] = v
+        return step
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        env[self.out] = self._value(tx.ndim)
+
+
+class _Reduction(_Kind):
+    """A reduction over iteration dims: its tile form keeps one partial state per tile of the dims
+    it does not reduce, combines the partials of successive tiles and finishes them; the ring
+    combines the partials of the cores (``state_fns``)."""
+
+    def state_fns(self) -> tuple[Callable, Callable]:
+        """(combine two partial states, finish a state into the value)."""
+        return torch.add, (lambda st: st)
+
+    def partial(self, tx, env: dict, tile) -> Any:
+        raise NotImplementedError
+
+    def finished(self, val: torch.Tensor, env: dict) -> torch.Tensor:
+        return val
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        combine, finish = self.state_fns()
+        part = self.partial(tx, env, tile)
+        key = (i, tuple(r for d, r in zip(tx.names, tile) if d not in self.reduces))
+        states[key] = combine(states[key], part) if key in states else part
+        env[STATE + self.out] = states[key]
+        env[self.out] = self.finished(finish(states[key]), env)
+
 
 @dataclass(frozen=True)
-class Matmul:
+class Matmul(_Reduction):
     """``out = acc + sum over dim of a * b`` on the systolic array (fp32 accumulation).
 
     ``a`` must vary along ``dim`` and one output dim (M), ``b`` along ``dim`` and another (N);
@@ -221,10 +484,40 @@ class Matmul:
     kind = property(lambda self: "matmul")
     inputs = property(lambda self: (self.a, self.b) + ((self.acc,) if self.acc else ()))
     outputs = property(lambda self: (self.out,))
+    reduces = property(lambda self: frozenset({self.dim}))
+    ring_combine = "sum"
+
+    def analyze(self, sc: "_Scope") -> dict:
+        sc.need_dim(self.dim)
+        if self.dim not in sc.dims[self.a] or self.dim not in sc.dims[self.b]:
+            raise sc.err(f"both operands must vary along the contraction dim {self.dim}")
+        d = (sc.dims[self.a] | sc.dims[self.b]) - {self.dim}
+        if self.acc:
+            d |= sc.dims[self.acc]
+        return {self.out: (d, self.dtype)}
+
+    def text(self) -> str:
+        acc = f" + {self.acc}" if self.acc else ""
+        return f"{self.out} = matmul({self.a}, {self.b}) over {self.dim}{acc}"
+
+    def _product(self, ctx, env: dict) -> torch.Tensor:
+        return _sem()._matmul_eval(env[self.a], env[self.b], ctx.axes(self.a), ctx.axes(self.b),
+                                   ctx.names.index(self.dim), ctx.ndim)
+
+    def finished(self, val: torch.Tensor, env: dict) -> torch.Tensor:
+        return val + env[self.acc] if self.acc else val
+
+    def fast(self, i: int, fx) -> Callable:
+        def step(env, H):
+            env[self.out] = self.finished(self._product(fx, env), env)
+        return step
+
+    def partial(self, tx, env: dict, tile) -> Any:
+        return self._product(tx, env)
 
 
 @dataclass(frozen=True)
-class SoftmaxMatmul:
+class SoftmaxMatmul(_Reduction):
     """``out = sum over dim of softmax_dim(s) * v``: attention's second product with its softmax,
     as one reduction over the keys (an *online* softmax: the running max, the running sum of
     exponentials and the weighted sum of ``v``, rescaled as key tiles arrive, so the scores never
@@ -245,6 +538,37 @@ class SoftmaxMatmul:
     kind = property(lambda self: "softmax_matmul")
     inputs = property(lambda self: (self.s, self.v) if self.v is not None else (self.s,))
     outputs = property(lambda self: (self.out,))
+    reduces = property(lambda self: frozenset({self.dim}))
+    ring_combine = "softmax"
+
+    def analyze(self, sc: "_Scope") -> dict:
+        sc.need_dim(self.dim)
+        if self.dim not in sc.dims[self.s] or (self.v is not None and self.dim not in sc.dims[self.v]):
+            raise sc.err(f"scores and values must both vary along the key dim {self.dim}")
+        d = (sc.dims[self.s] | (sc.dims[self.v] if self.v is not None else frozenset())) - {self.dim}
+        return {self.out: (d, self.dtype)}
+
+    def text(self) -> str:
+        if self.v is None:
+            return f"{self.out} = logsumexp({self.s}) over {self.dim} (online)"
+        z = " (all -inf rows: 0)" if self.zero_empty else ""
+        return f"{self.out} = softmax_matmul({self.s}, {self.v}) over {self.dim}{z}"
+
+    def state_fns(self) -> tuple[Callable, Callable]:
+        sm = _sem().SOFTMAX_MATMUL
+        return sm.combine, (lambda st: sm.finish(st, self))
+
+    def partial(self, ctx, env: dict, tile=None) -> Any:
+        return _sem().SOFTMAX_MATMUL.partial(env[self.s], env[self.v] if self.v else None, ctx.axes(self.s),
+                                             ctx.axes(self.v) if self.v else [], ctx.names.index(self.dim),
+                                             ctx.ndim)
+
+    def fast(self, i: int, fx) -> Callable:
+        finish = self.state_fns()[1]
+
+        def step(env, H):
+            env[self.out] = finish(self.partial(fx, env))
+        return step
 
 
 @dataclass(frozen=True)
@@ -279,7 +603,7 @@ RING_COMBINE = {k: r.ring for k, r in REDUCTIONS.items() if r.ring}
 
 
 @dataclass(frozen=True)
-class Reduce:
+class Reduce(_Reduction):
     """``out = op over dims of value`` inside one core (keeps the dims, size 1)."""
 
     out: str
@@ -296,10 +620,49 @@ class Reduce:
     kind = property(lambda self: f"reduce.{self.op}")
     inputs = property(lambda self: (self.value,))
     outputs = property(lambda self: (self.out,))
+    reduces = property(lambda self: frozenset(self.dims))
+    ring_combine = property(lambda self: RING_COMBINE.get(self.op))
+
+    def analyze(self, sc: "_Scope") -> dict:
+        if self.op not in REDUCTIONS:
+            raise sc.err(f"unknown reduction {self.op!r}; one of {tuple(REDUCTIONS)}")
+        for dn in self.dims:
+            sc.need_dim(dn)
+        kind = REDUCTIONS[self.op]
+        if kind.result == "index" and len(self.dims) != 1:
+            raise sc.err(f"{self.op} reduces exactly one dim")
+        return {self.out: (sc.dims[self.value] - set(self.dims), kind.dtype(sc.dtypes[self.value], self.dtype))}
+
+    def text(self) -> str:
+        return f"{self.out} = reduce.{self.op}({self.value}) over {', '.join(self.dims)}"
+
+    def state_fns(self) -> tuple[Callable, Callable]:
+        impl = _sem().REDUCE_IMPL[self.op]
+        return impl.combine, impl.finish
+
+    def _partial(self, ctx, x: torch.Tensor, extent: Callable[[int], int], start: int) -> Any:
+        axes = tuple(ctx.names.index(d) for d in self.dims)
+        if any(x.shape[a] != extent(a) for a in axes):     # a value constant along a reduced dim
+            shape = list(x.shape)
+            for a in axes:
+                shape[a] = extent(a)
+            x = x.expand(shape)
+        return _sem().REDUCE_IMPL[self.op].partial(x, axes, start)
+
+    def fast(self, i: int, fx) -> Callable:
+        finish, box = self.state_fns()[1], fx.box
+
+        def step(env, H):
+            env[self.out] = finish(self._partial(fx, env[self.value], box.__getitem__, 0))
+        return step
+
+    def partial(self, tx, env: dict, tile) -> Any:
+        first = tx.names.index(self.dims[0])
+        return self._partial(tx, env[self.value], lambda a: tile[a][1] - tile[a][0], tile[first][0])
 
 
 @dataclass(frozen=True)
-class RingReduce:
+class RingReduce(_Kind):
     """Combine the per-core partials of ``value`` (a Reduce/Matmul over ``dim``) over the ring.
 
     If ``dim`` is split across cores, the partial of the core with chunk index j travels to the
@@ -316,6 +679,32 @@ class RingReduce:
     kind = property(lambda self: f"ring.{self.op}")
     inputs = property(lambda self: (self.value,))
     outputs = property(lambda self: (self.out,))
+    combines = property(lambda self: frozenset({self.dim}))
+
+    def analyze(self, sc: "_Scope") -> dict:
+        prod = sc.producer.get(self.value)
+        if not isinstance(prod, _Reduction):
+            raise sc.err(f"input {self.value} must be the direct result of a Reduce, Matmul or SoftmaxMatmul")
+        if self.dim not in prod.reduces:
+            raise sc.err(f"{self.value} is not a reduction over {self.dim}")
+        if prod.ring_combine != self.op:
+            raise sc.err(f"cannot combine partials of {prod.kind} with ring.{self.op}")
+        if self.dim in sc.ring_after[self.value]:
+            raise sc.err(f"a RingReduce over {self.dim} may not depend on another RingReduce over {self.dim}")
+        return {self.out: (sc.dims[self.value], sc.dtypes[self.value])}
+
+    def text(self) -> str:
+        return f"{self.out} = ring.{self.op}({self.value}) over {self.dim}"
+
+    def fast(self, i: int, fx) -> Callable:
+        def step(env, H):       # the whole reduction was done in one piece
+            env[self.out] = env[self.value]
+        return step
+
+    def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
+        env[self.out] = env[self.value]   # combined by the executor when the dim is split
+        if STATE + self.value in env:
+            env[STATE + self.out] = env[STATE + self.value]
 
 
 Op = Union[Load, Store, Compute, IndexValue, Constant, Matmul, Reduce, RingReduce, SoftmaxMatmul]
@@ -440,8 +829,57 @@ def _err(p: Program, i: int, op: Any, msg: str) -> ProgramError:
     return ProgramError(f"program {p.name}: op {i} ({getattr(op, 'kind', type(op).__name__)}): {msg}")
 
 
+@dataclass
+class _Scope:
+    """What an op kind's ``analyze`` sees: the values defined so far, and the op being analysed."""
+
+    p: Program
+    dims: dict[str, frozenset[str]]
+    dtypes: dict[str, torch.dtype]
+    ring_after: dict[str, frozenset[str]]
+    producer: dict[str, Any]
+    last_use: dict[str, int]
+    written: dict[str, str]
+    dimset: frozenset[str]
+    bufs: frozenset[str]
+    sizes: frozenset[str]
+    i: int = 0
+    op: Any = None
+
+    def err(self, msg: str) -> ProgramError:
+        return _err(self.p, self.i, self.op, msg)
+
+    def use(self, name: str) -> None:
+        if name not in self.dims:
+            raise self.err(f"uses undefined value {name!r}")
+        self.last_use[name] = self.i
+
+    def need_buffer(self, name: str) -> None:
+        if name not in self.bufs:
+            raise self.err(f"no buffer {name!r}")
+
+    def need_dim(self, name: str) -> None:
+        if name not in self.dimset:
+            raise self.err(f"no dim {name!r}")
+
+    def idx_dims(self, expr: sympy.Expr) -> frozenset[str]:
+        """The iteration dims an index expression varies along (through the SSA values it reads)."""
+        out: set[str] = set()
+        for n in free_names(expr):
+            if n in self.dimset:
+                out.add(n)
+            elif n.startswith("%"):
+                self.use(n)
+                if self.dtypes[n].is_floating_point:
+                    raise self.err(f"indirect index {n} has float dtype {self.dtypes[n]}")
+                out |= self.dims[n]
+            elif n not in self.sizes:
+                raise self.err(f"index {expr} uses unknown symbol {n!r}")
+        return frozenset(out)
+
+
 def analyze(p: Program) -> Analysis:
-    from .ops import OPS, result_dtype  # registry lives next to the semantics
+    from .ops import OPS  # registry lives next to the semantics
 
     dimset = set(p.dim_names)
     if len(dimset) != len(p.dims):
@@ -451,134 +889,35 @@ def analyze(p: Program) -> Analysis:
         raise ProgramError(f"program {p.name}: duplicate buffer names")
     if dimset & bufs:
         raise ProgramError(f"program {p.name}: names used both as dim and buffer: {sorted(dimset & bufs)}")
-    dims: dict[str, frozenset[str]] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    sc = _Scope(p, {}, {}, {}, {}, {}, {}, frozenset(dimset), frozenset(bufs), frozenset(p.size_symbols))
+    dims, dtypes, ring_after, producer = sc.dims, sc.dtypes, sc.ring_after, sc.producer
     after: dict[str, frozenset[str]] = {}
-    ring_after: dict[str, frozenset[str]] = {}
-    producer: dict[str, Op] = {}
-    last_use: dict[str, int] = {}
     op_after: list[frozenset[str]] = []
     op_ring: list[frozenset[str]] = []
     reduced: set[str] = set()
     ringed: set[str] = set()
     pending_ring: dict[str, frozenset[str]] = {}   # value -> reduced dims still needing a RingReduce
-    written: dict[str, str] = {}
     store_pending: list[frozenset[str]] = []
-    sizes_syms = set(p.size_symbols)
-
-    def use(i: int, op: Any, name: str) -> None:
-        if name not in dims:
-            raise _err(p, i, op, f"uses undefined value {name!r}")
-        last_use[name] = i
-
-    def idx_dims(i: int, op: Any, expr: sympy.Expr) -> frozenset[str]:
-        out: set[str] = set()
-        for n in free_names(expr):
-            if n in dimset:
-                out.add(n)
-            elif n.startswith("%"):
-                use(i, op, n)
-                if dtypes[n].is_floating_point:
-                    raise _err(p, i, op, f"indirect index {n} has float dtype {dtypes[n]}")
-                out |= dims[n]
-            elif n not in sizes_syms:
-                raise _err(p, i, op, f"index {expr} uses unknown symbol {n!r}")
-        return frozenset(out)
 
     for i, op in enumerate(p.body):
+        sc.i, sc.op = i, op
+        if not isinstance(op, _Kind):
+            raise _err(p, i, op, "unknown op class")
         if op.kind not in OPS:
             raise _err(p, i, op, f"unknown op {op.kind!r} (not in vspyre.ir.ops.OPS)")
-        for n in op.inputs:
-            use(i, op, n)
-        ins = [n for n in op.inputs]
-        a_after = frozenset().union(*[after[n] for n in ins]) if ins else frozenset()
+        ins = op.inputs
+        for n in ins:
+            sc.use(n)
+        in_after = frozenset().union(*[after[n] for n in ins]) if ins else frozenset()
         a_ring = frozenset().union(*[ring_after[n] for n in ins]) if ins else frozenset()
         a_pend = frozenset().union(*[pending_ring.get(n, frozenset()) for n in ins]) if ins else frozenset()
-        in_after = a_after
-        if isinstance(op, Load):
-            if op.buffer not in bufs:
-                raise _err(p, i, op, f"no buffer {op.buffer!r}")
-            d = idx_dims(i, op, op.index) | (dims[op.mask] if op.mask else frozenset())
-            dt = p.buffer(op.buffer).dtype
-            res = {op.out: (d, dt)}
-        elif isinstance(op, Store):
-            if op.buffer not in bufs:
-                raise _err(p, i, op, f"no buffer {op.buffer!r}")
-            b = p.buffer(op.buffer)
-            if b.role == "in":
-                raise _err(p, i, op, f"stores to input-only buffer {b.name}")
-            d = idx_dims(i, op, op.index)
-            vd = dims[op.value] | (dims[op.mask] if op.mask else frozenset())
-            if not vd <= d:
-                raise _err(p, i, op, f"value {op.value} varies along {sorted(vd - d)} but the index "
-                                     f"{op.index} does not: several iterations would write one element")
-            written[op.buffer] = op.value
-            res = {}
-        elif isinstance(op, IndexValue):
-            res = {op.out: (idx_dims(i, op, op.expr), op.dtype)}
-        elif isinstance(op, Constant):
-            res = {op.out: (frozenset(), op.dtype)}
-        elif isinstance(op, Compute):
-            arity = OPS[op.op].arity
-            if arity is not None and len(op.args) != arity:
-                raise _err(p, i, op, f"{op.op} takes {arity} argument(s), got {len(op.args)}")
-            d = frozenset().union(*[dims[n] for n in op.inputs]) if op.inputs else frozenset()
-            dt = op.dtype or result_dtype(op.op, [dtypes[a] if isinstance(a, str) else a for a in op.args])
-            res = {op.out: (d, dt)}
-        elif isinstance(op, Matmul):
-            if op.dim not in dimset:
-                raise _err(p, i, op, f"no dim {op.dim!r}")
-            if op.dim not in dims[op.a] or op.dim not in dims[op.b]:
-                raise _err(p, i, op, f"both operands must vary along the contraction dim {op.dim}")
-            d = (dims[op.a] | dims[op.b]) - {op.dim}
-            if op.acc:
-                d |= dims[op.acc]
-            reduced.add(op.dim)
-            res = {op.out: (d, op.dtype)}
-            a_after = a_after | {op.dim}
-            a_pend = a_pend | {op.dim}
-        elif isinstance(op, SoftmaxMatmul):
-            if op.dim not in dimset:
-                raise _err(p, i, op, f"no dim {op.dim!r}")
-            if op.dim not in dims[op.s] or (op.v is not None and op.dim not in dims[op.v]):
-                raise _err(p, i, op, f"scores and values must both vary along the key dim {op.dim}")
-            d = (dims[op.s] | (dims[op.v] if op.v is not None else frozenset())) - {op.dim}
-            reduced.add(op.dim)
-            res = {op.out: (d, op.dtype)}
-            a_after = a_after | {op.dim}
-            a_pend = a_pend | {op.dim}
-        elif isinstance(op, Reduce):
-            if op.op not in REDUCTIONS:
-                raise _err(p, i, op, f"unknown reduction {op.op!r}; one of {tuple(REDUCTIONS)}")
-            for dn in op.dims:
-                if dn not in dimset:
-                    raise _err(p, i, op, f"no dim {dn!r}")
-            kind = REDUCTIONS[op.op]
-            if kind.result == "index" and len(op.dims) != 1:
-                raise _err(p, i, op, f"{op.op} reduces exactly one dim")
-            dt = kind.dtype(dtypes[op.value], op.dtype)
-            reduced.update(op.dims)
-            res = {op.out: (dims[op.value] - set(op.dims), dt)}
-            a_after = a_after | set(op.dims)
-            a_pend = a_pend | set(op.dims)
-        elif isinstance(op, RingReduce):
-            prod = producer.get(op.value)
-            if not isinstance(prod, (Reduce, Matmul, SoftmaxMatmul)):
-                raise _err(p, i, op, f"input {op.value} must be the direct result of a Reduce, Matmul or SoftmaxMatmul")
-            pdims = prod.dims if isinstance(prod, Reduce) else (prod.dim,)
-            pop = prod.op if isinstance(prod, Reduce) else ("softmax" if isinstance(prod, SoftmaxMatmul) else "sum")
-            if op.dim not in pdims:
-                raise _err(p, i, op, f"{op.value} is not a reduction over {op.dim}")
-            if RING_COMBINE.get(pop, pop if pop == "softmax" else None) != op.op:
-                raise _err(p, i, op, f"cannot combine partials of {pop} with ring.{op.op}")
-            if op.dim in ring_after[op.value]:
-                raise _err(p, i, op, f"a RingReduce over {op.dim} may not depend on another RingReduce over {op.dim}")
-            ringed.add(op.dim)
-            res = {op.out: (dims[op.value], dtypes[op.value])}
-            a_ring = a_ring | {op.dim}
-            a_pend = a_pend - {op.dim}
-        else:  # pragma: no cover
-            raise _err(p, i, op, "unknown op class")
+        res = op.analyze(sc)
+        # a reduction's result waits for its dims and is pending until a ring combines them
+        reduced |= op.reduces
+        ringed |= op.combines
+        a_after = in_after | op.reduces
+        a_pend = (a_pend | op.reduces) - op.combines
+        a_ring = a_ring | op.combines
         op_after.append(in_after)
         op_ring.append(a_ring)
         store_pending.append(a_pend if isinstance(op, Store) else frozenset())
@@ -591,9 +930,9 @@ def analyze(p: Program) -> Analysis:
             pending_ring[name] = a_pend
             producer[name] = op
     for b in p.buffers:
-        if b.role == "out" and b.name not in written:
+        if b.role == "out" and b.name not in sc.written:
             raise ProgramError(f"program {p.name}: output buffer {b.name} is never stored")
-    return Analysis(dims, dtypes, after, ring_after, producer, last_use, op_after, op_ring,
+    return Analysis(dims, dtypes, after, ring_after, producer, sc.last_use, op_after, op_ring,
                     frozenset(reduced), frozenset(ringed), pending_ring, store_pending)
 
 

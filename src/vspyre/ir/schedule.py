@@ -37,7 +37,7 @@ import torch
 
 from ..hardware import HardwareConfig
 from .ops import Access
-from .program import Compute, Load, Matmul, Program, ProgramError, Reduce, SoftmaxMatmul, Store, _bind
+from .program import Compute, Load, Matmul, Program, ProgramError, Reduce, Store, _bind
 
 __all__ = ["ScheduleError", "Schedule", "CoreWork", "Step", "OpRule", "bind_sizes", "op_rules",
            "persistent_dims", "stick_dims", "live_bytes", "value_tile_bytes", "tile_ranges", "iter_tiles",
@@ -153,10 +153,7 @@ def op_rules(p: Program) -> tuple[OpRule, ...]:
             d |= {n for n in (s.name for s in op.index.free_symbols) if n in names}
         for n in op.inputs + op.outputs:
             d |= an.dims[n]
-        if isinstance(op, Reduce):
-            d |= set(op.dims)
-        if isinstance(op, (Matmul, SoftmaxMatmul)):
-            d.add(op.dim)
+        d |= op.reduces
         out.append(OpRule(i, frozenset(d), an.op_after[i], an.op_ring[i]))
     res = tuple(out)
     p.__dict__["_op_rules"] = res
@@ -220,9 +217,8 @@ class _LiveInfo:
             r = rules[i]
             for name in op.outputs:
                 idx = tuple(k for k, d in enumerate(self.dims) if d in an.dims[name])
-                if isinstance(op, (Reduce, Matmul, SoftmaxMatmul)):
-                    red = frozenset(op.dims) if isinstance(op, Reduce) else frozenset({op.dim})
-                    self.values.append((i, name, idx, 4, "acc", r.dims, red))
+                if op.reduces:
+                    self.values.append((i, name, idx, 4, "acc", r.dims, op.reduces))
                 elif isinstance(op, Load):
                     self.values.append((i, name, idx, _itemsize(an.dtypes[name]), "load", r.dims, None))
                 else:

@@ -24,34 +24,18 @@ import math
 import sympy
 import torch
 
-from .. import hardware, numerics
+from .. import hardware
 from ..ir.indexing import affine_form, compile_expr, free_names, sym
-from ..ir.ops import INPLACE, OPS, REDUCE_IMPL, SOFTMAX_MATMUL, DeviceAssertError, _cast_fn, _matmul_eval
+from ..ir.ops import DeviceAssertError, const_value, index_tensor
 from ..ir.planning import resolve
 from ..ir.schedule import (Schedule, ScheduleError, bind_sizes, iter_tiles, live_bytes, op_rules, runs_at)
-from ..ir.program import (Compute, Constant, IndexValue, Load, Matmul, Program, ProgramError, Reduce, RingReduce,
-                          SoftmaxMatmul,
-                          Store, _bind)
+from ..ir.program import STATE, Compute, Load, Matmul, Program, ProgramError, RingReduce, SoftmaxMatmul, Store, _bind
 
 __all__ = ["Bound", "bind", "run_fast", "run_checked", "ScheduleError", "LaunchError"]
 
 
 class LaunchError(ValueError):
     """The tensors given to a launch do not match the program's buffers."""
-
-
-def _to_host_value(v: torch.Tensor, clone: bool) -> torch.Tensor:
-    if v.dtype == torch.float32 or v.dtype == torch.int64 or v.dtype == torch.bool:
-        return v.clone() if clone else v
-    if v.is_floating_point():
-        out = v.to(torch.float32)
-    elif v.dtype == torch.bool:
-        out = v
-    else:
-        out = v.to(torch.int64)
-    if clone and out.data_ptr() == v.data_ptr():
-        out = out.clone()
-    return out
 
 
 @dataclass
@@ -174,14 +158,6 @@ def _non_overlapping(shape: list[int], strides: list[int]) -> bool:
     return True
 
 
-def _const_tensor(v: Any, ndim: int) -> torch.Tensor:
-    if isinstance(v, bool):
-        return torch.tensor(v).view([1] * ndim)
-    if isinstance(v, int):
-        return torch.tensor(v, dtype=torch.int64).view([1] * ndim)
-    return torch.tensor(float(v), dtype=torch.float32).view([1] * ndim)
-
-
 def _fail(p: Program, i: int, op: Any, e: Exception, where: str = "") -> RuntimeError:
     if isinstance(e, DeviceAssertError):
         msg = p.meta.get("asserts", {}).get(getattr(op, "out", None), "")
@@ -229,191 +205,69 @@ def _chunks(bd: Bound) -> list[list[tuple[int, int]]]:
     return out
 
 
-def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> list[Callable]:
-    p = bd.program
-    an = p.analysis
-    names = p.dim_names
-    ndim = len(names)
-    full = region or [(0, bd.ext[d]) for d in names]
-    ar = _aranges(p, full)
-    box = [b - a for a, b in full]
-    start = {d: a for d, (a, _) in zip(names, full)}
-    bidx = {b.name: i for i, b in enumerate(p.buffers)}
-    steps: list[Callable] = []
-    attn = _attention_paths(p)
-    skip = set().union(*[a["skip"] for a in attn.values()]) if attn else set()
+class _FastCtx:
+    """What the op kinds' fast forms see (``ir.program``): one box of the iteration space."""
 
-    for i, op in enumerate(p.body):
+    def __init__(self, bd: Bound, region: list[tuple[int, int]] | None) -> None:
+        p = self.p = bd.program
+        self.bd, self.an, self.names, self.ndim = bd, p.analysis, p.dim_names, len(p.dim_names)
+        full = region or [(0, bd.ext[d]) for d in self.names]
+        self.ar = _aranges(p, full)
+        self.box = [b - a for a, b in full]
+        self.start = {d: a for d, (a, _) in zip(self.names, full)}
+        self.bidx = {b.name: i for i, b in enumerate(p.buffers)}
+        self.spans = bd.spans
+
+    def subst(self, expr: sympy.Expr) -> sympy.Expr:
+        return _subst(expr, self.bd.sizes)
+
+    def axes(self, value: str) -> list[int]:
+        return sorted(self.names.index(d) for d in self.an.dims[value])
+
+    def view(self, op, store: bool = False) -> tuple | None:
+        """An affine access as a strided view of its buffer (shape, strides, offset), or None."""
+        expr = self.subst(op.index)
+        if any(n.startswith("%") for n in free_names(expr)):
+            return None
+        form = affine_form(expr, self.names)
+        if form is None or any(c < 0 for c in form[1].values()):
+            return None
+        const, coefs = form
+        const += sum(c * self.start[d] for d, c in coefs.items())
+        vshape = [n if coefs.get(d) else 1 for d, n in zip(self.names, self.box)]
+        vstr = [coefs.get(d, 0) for d in self.names]
+        if store and not _non_overlapping(vshape, vstr):
+            return None
+        return vshape, vstr, const
+
+    def index_of(self, expr: sympy.Expr) -> Callable:
+        """An address expression evaluated over the box (reading the SSA values it names)."""
+        expr = self.subst(expr)
+        indirect = sorted(n for n in free_names(expr) if n.startswith("%"))
+        fn, ar, ndim = compile_expr(expr), self.ar, self.ndim
+
+        def index_of(env):
+            E = dict(ar)
+            for n in indirect:
+                E[n] = env[n]
+            return index_tensor(fn(E), ndim)
+        return index_of
+
+
+def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> list[Callable]:
+    fx = _FastCtx(bd, region)
+    attn = _attention_paths(bd.program)
+    skip = set().union(*[a["skip"] for a in attn.values()]) if attn else set()
+    steps: list[Callable] = []
+    for i, op in enumerate(bd.program.body):
         if i in skip:
             continue
         if i in attn:
-            a = attn[i]
-
-            def step(env, H, a=a, op=op):
-                env[op.out] = _attention_fast(a, env, ndim)
+            def step(env, H, a=attn[i], out=op.out, ndim=fx.ndim):
+                env[out] = _attention_fast(a, env, ndim)
             steps.append(step)
-            continue
-        if isinstance(op, (Load, Store)):
-            bi = bidx[op.buffer]
-            buf = p.buffers[bi]
-            span = bd.spans[bi]
-            expr = _subst(op.index, bd.sizes)
-            indirect = sorted(n for n in free_names(expr) if n.startswith("%"))
-            form = None if indirect else affine_form(expr, names)
-            if form is not None:
-                const, coefs = form
-                if any(c < 0 for c in coefs.values()):
-                    form = None
-            if form is not None:
-                const, coefs = form
-                const += sum(c * start[d] for d, c in coefs.items())
-                vshape = [n if coefs.get(d) else 1 for d, n in zip(names, box)]
-                vstr = [coefs.get(d, 0) for d in names]
-            fn = compile_expr(expr)
-
-            def index_of(env, fn=fn, indirect=indirect):
-                E = dict(ar)
-                for n in indirect:
-                    E[n] = env[n]
-                v = fn(E)
-                return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
-
-            if isinstance(op, Load):
-                clone = buf.role != "in"
-                if form is not None and op.mask is None:
-                    def step(env, H, bi=bi, vshape=vshape, vstr=vstr, const=const, out=op.out, clone=clone):
-                        t = H[bi]
-                        env[out] = _to_host_value(t.as_strided(vshape, vstr, t.storage_offset() + const), clone)
-                else:
-                    def step(env, H, bi=bi, span=span, op=op, index_of=index_of):
-                        t = H[bi]
-                        flat = t.as_strided((span,), (1,), t.storage_offset())
-                        idx = index_of(env)
-                        if op.mask is not None:
-                            m = env[op.mask]
-                            idx, m = torch.broadcast_tensors(idx, m)
-                            vals = _to_host_value(flat[torch.where(m, idx, 0)], False)
-                            other = torch.tensor(op.other, dtype=vals.dtype)
-                            env[op.out] = torch.where(m, vals, other)
-                        else:
-                            env[op.out] = _to_host_value(flat[idx], False)
-            else:
-                dtype = buf.dtype
-                if form is not None and _non_overlapping(vshape, vstr):
-                    def step(env, H, bi=bi, vshape=vshape, vstr=vstr, const=const, op=op, dtype=dtype):
-                        t = H[bi]
-                        view = t.as_strided(vshape, vstr, t.storage_offset() + const)
-                        val = env[op.value]
-                        if val.dtype != dtype or dtype == torch.float16:
-                            val = numerics.store_cast(val, dtype)
-                        if op.mask is not None:
-                            val = torch.where(env[op.mask], val, view)
-                        view.copy_(val)
-                else:
-                    def step(env, H, bi=bi, span=span, op=op, dtype=dtype, index_of=index_of):
-                        t = H[bi]
-                        flat = t.as_strided((span,), (1,), t.storage_offset())
-                        idx = index_of(env)
-                        val = numerics.store_cast(env[op.value], dtype)
-                        if op.mask is not None:
-                            idx, val, m = torch.broadcast_tensors(idx, val, env[op.mask])
-                            flat[idx[m]] = val[m]
-                        else:
-                            idx, val = torch.broadcast_tensors(idx, val)
-                            flat[idx.reshape(-1)] = val.reshape(-1)
-        elif isinstance(op, Compute):
-            d = OPS[op.op]
-            f = d.fn if d.fn is not None else _cast_fn(op.dtype)
-            getters = [a if isinstance(a, str) else _const_tensor(a, ndim) for a in op.args]
-            a0 = op.args[0] if op.args else None
-            reuse = (op.op in INPLACE and isinstance(a0, str) and isinstance(an.producer.get(a0), Compute)
-                     and an.producer[a0].op not in ("identity", "to")   # those may alias a buffer
-                     and an.last_use.get(a0) == i and op.args.count(a0) == 1
-                     and an.dtypes[a0].is_floating_point and an.dtypes[op.out].is_floating_point)
-            if reuse and len(op.args) <= 2:
-                meth = INPLACE[op.op]
-                other = op.args[1] if len(op.args) == 2 else None
-                other_c = other if isinstance(other, str) or other is None else float(other)
-
-                def step(env, H, f=f, a=a0, o=other_c, meth=meth, out=op.out, g=getters):
-                    x = env[a]
-                    if o is None:
-                        env[out] = getattr(x, meth)()
-                        return
-                    y = env[o] if isinstance(o, str) else o
-                    if x.dtype == torch.float32 and (not isinstance(y, torch.Tensor) or (
-                            y.dtype == torch.float32 and torch.broadcast_shapes(x.shape, y.shape) == x.shape)):
-                        env[out] = getattr(x, meth)(y)
-                    else:
-                        env[out] = f(x, env[g[1]] if isinstance(g[1], str) else g[1])
-            elif len(getters) == 1 and isinstance(getters[0], str):
-                def step(env, H, f=f, a=getters[0], out=op.out):
-                    env[out] = f(env[a])
-            elif len(getters) == 2:
-                a0, a1 = getters
-                s0, s1 = isinstance(a0, str), isinstance(a1, str)
-
-                def step(env, H, f=f, a0=a0, a1=a1, s0=s0, s1=s1, out=op.out):
-                    env[out] = f(env[a0] if s0 else a0, env[a1] if s1 else a1)
-            else:
-                def step(env, H, f=f, g=getters, out=op.out):
-                    env[out] = f(*[env[a] if isinstance(a, str) else a for a in g])
-        elif isinstance(op, IndexValue):
-            fn = compile_expr(_subst(op.expr, bd.sizes))
-            if op.inputs:      # the expression reads SSA values: evaluated per launch
-                def step(env, H, fn=fn, ins=op.inputs, cast=_cast_fn(op.dtype), out=op.out):
-                    E = dict(ar)
-                    for n in ins:
-                        E[n] = env[n]
-                    v = fn(E)
-                    env[out] = cast(v if isinstance(v, torch.Tensor) else
-                                    torch.tensor(v, dtype=torch.int64).view([1] * ndim))
-            else:
-                v = fn(ar)
-                v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
-                v = _cast_fn(op.dtype)(v)
-
-                def step(env, H, v=v, out=op.out):
-                    env[out] = v
-        elif isinstance(op, Constant):
-            v = _cast_fn(op.dtype)(_const_tensor(op.value, ndim))
-
-            def step(env, H, v=v, out=op.out):
-                env[out] = v
-        elif isinstance(op, Reduce):
-            impl = REDUCE_IMPL[op.op]
-            axes = tuple(names.index(d) for d in op.dims)
-
-            def step(env, H, impl=impl, axes=axes, op=op):
-                x = env[op.value]
-                if any(x.shape[a] != box[a] for a in axes):
-                    shape = list(x.shape)
-                    for a in axes:
-                        shape[a] = box[a]
-                    x = x.expand(shape)
-                env[op.out] = impl.finish(impl.partial(x, axes, 0))
-        elif isinstance(op, Matmul):
-            axes_a = sorted(names.index(d) for d in an.dims[op.a])
-            axes_b = sorted(names.index(d) for d in an.dims[op.b])
-            k = names.index(op.dim)
-
-            def step(env, H, op=op, axes_a=axes_a, axes_b=axes_b, k=k):
-                r = _matmul_eval(env[op.a], env[op.b], axes_a, axes_b, k, ndim)
-                env[op.out] = r + env[op.acc] if op.acc else r
-        elif isinstance(op, SoftmaxMatmul):
-            axes_s = sorted(names.index(d) for d in an.dims[op.s])
-            axes_v = sorted(names.index(d) for d in an.dims[op.v]) if op.v else []
-            k = names.index(op.dim)
-
-            def step(env, H, op=op, axes_s=axes_s, axes_v=axes_v, k=k):
-                st = SOFTMAX_MATMUL.partial(env[op.s], env[op.v] if op.v else None, axes_s, axes_v, k, ndim)
-                env[op.out] = SOFTMAX_MATMUL.finish(st, op)
-        elif isinstance(op, RingReduce):
-            def step(env, H, op=op):       # the whole reduction was done in one piece
-                env[op.out] = env[op.value]
-        else:  # pragma: no cover
-            raise ProgramError(f"program {p.name}: op {i}: cannot execute {op!r}")
-        steps.append(step)
+        else:
+            steps.append(op.fast(i, fx))
     return steps
 
 
@@ -535,8 +389,8 @@ def _attention_fast(a: dict, env: dict, ndim: int) -> torch.Tensor:
         if isinstance(op, RingReduce):
             benv[op.out] = benv[op.value]
         else:
-            f = OPS[op.op].fn if OPS[op.op].fn is not None else _cast_fn(op.dtype)
-            benv[op.out] = f(*[benv[x] if isinstance(x, str) else _const_tensor(x, ndim) for x in op.args])
+            benv[op.out] = op.fn(p.analysis)(*[benv[x] if isinstance(x, str) else const_value(x, ndim)
+                                               for x in op.args])
         bias = benv[op.out]
     bias = bias.to(torch.float32) if bias.is_floating_point() else bias.float()
     qf = arrange(q.float(), [batch, m, [d]])
@@ -612,19 +466,8 @@ class _Checked:
         self.exprs = {i: (compile_expr(_subst(op.index, bd.sizes)),
                           sorted(n for n in free_names(op.index) if n.startswith("%")))
                       for i, op in enumerate(self.p.body) if isinstance(op, (Load, Store))}
-
-    # -- helpers --------------------------------------------------------------------------
-    def where(self, core, tile) -> str:
-        rng = ", ".join(f"{d}[{a}:{b}]" for d, (a, b) in zip(self.names, tile))
-        return f"program {self.p.name}: core {core.core}: tile {rng}"
-
-    def index(self, i: int, env, ar) -> torch.Tensor:
-        fn, ind = self.exprs[i]
-        E = dict(ar)
-        for n in ind:
-            E[n] = env[n]
-        v = fn(E)
-        return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * self.ndim)
+        self.core = None
+        self.spans = bd.spans
 
     def account(self, core, tile, multi: frozenset[str]) -> None:
         """The scratchpad bytes of this step (the planner's own accounting, on the actual tile)."""
@@ -641,99 +484,46 @@ class _Checked:
                 f"({self.cfg.scratchpad_bytes} minus {self.cfg.scratchpad_reserve_fraction:.0%} reserve) for tile "
                 f"extents {dict(zip(self.names, ext))}, double_buffer={self.s.double_buffer}")
 
-    # -- one op on one tile ----------------------------------------------------------------
-    def run_op(self, i: int, op, env, ar, core, tile, states: dict) -> None:
-        p, an = self.p, self.an
-        if isinstance(op, Load):
-            bi = self.bidx[op.buffer]
-            span = self.bd.spans[bi]
-            idx = self.index(i, env, ar)
-            m = None
-            if op.mask is not None:
-                idx, m = torch.broadcast_tensors(idx, env[op.mask])
-            chk = idx[m] if m is not None else idx
-            if chk.numel() and (int(chk.min()) < 0 or int(chk.max()) >= span):
-                bad = int(chk.min()) if int(chk.min()) < 0 else int(chk.max())
-                raise ScheduleError(f"{self.where(core, tile)}: op {i} load {op.out} from buffer {op.buffer}: "
-                                    f"element {bad} out of bounds [0, {span})")
-            t = self.hosts[bi]
-            flat = t.as_strided((span,), (1,), t.storage_offset())
-            vals = _to_host_value(flat[torch.where(m, idx, 0) if m is not None else idx], True)
-            if m is not None:
-                vals = torch.where(m, vals, torch.tensor(op.other, dtype=vals.dtype))
-            env[op.out] = vals
-        elif isinstance(op, Store):
-            bi = self.bidx[op.buffer]
-            buf = p.buffers[bi]
-            span = self.bd.spans[bi]
-            idx = self.index(i, env, ar)
-            val = numerics.store_cast(env[op.value], buf.dtype)
-            if op.mask is not None:
-                idx, val, m = torch.broadcast_tensors(idx, val, env[op.mask])
-                idx, val = idx[m], val[m]
-            else:
-                idx, val = torch.broadcast_tensors(idx, val)
-                idx, val = idx.reshape(-1), val.reshape(-1)
-            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= span):
-                bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-                raise ScheduleError(f"{self.where(core, tile)}: op {i} store to buffer {op.buffer}: "
-                                    f"element {bad} out of bounds [0, {span})")
+    # -- what the op kinds' tile forms see (``ir.program``) --------------------------------
+    def where(self, core, tile) -> str:
+        rng = ", ".join(f"{d}[{a}:{b}]" for d, (a, b) in zip(self.names, tile))
+        return f"program {self.p.name}: core {core.core}: tile {rng}"
+
+    def subst(self, expr: sympy.Expr) -> sympy.Expr:
+        return _subst(expr, self.bd.sizes)
+
+    def axes(self, value: str) -> list[int]:
+        return sorted(self.names.index(d) for d in self.an.dims[value])
+
+    def index(self, i: int, env, ar) -> torch.Tensor:
+        fn, ind = self.exprs[i]
+        E = dict(ar)
+        for n in ind:
+            E[n] = env[n]
+        return index_tensor(fn(E), self.ndim)
+
+    def _bounds(self, i: int, what: str, idx: torch.Tensor, span: int, tile) -> None:
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= span):
+            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+            raise ScheduleError(f"{self.where(self.core, tile)}: op {i} {what}: element {bad} out of bounds [0, {span})")
+
+    def read_check(self, i: int, op, span: int, tile) -> Callable:
+        return lambda idx: self._bounds(i, f"load {op.out} from buffer {op.buffer}", idx, span, tile)
+
+    def write_check(self, i: int, op, span: int, tile) -> Callable:
+        def check(idx):
+            self._bounds(i, f"store to buffer {op.buffer}", idx, span, tile)
             cnt = self.counts[op.buffer]
             cnt.index_put_((idx,), torch.ones_like(idx, dtype=torch.int32), accumulate=True)
             if idx.numel() and int(cnt[idx].max()) > 1:
                 dup = int(idx[cnt[idx] > 1][0])
-                raise ScheduleError(f"{self.where(core, tile)}: op {i} store to buffer {op.buffer}: element "
+                raise ScheduleError(f"{self.where(self.core, tile)}: op {i} store to buffer {op.buffer}: element "
                                     f"{dup} written {int(cnt[dup])} times (overlapping work division or tiles)")
-            t = self.hosts[bi]
-            flat = t.as_strided((span,), (1,), t.storage_offset())
-            flat[idx] = val
-        elif isinstance(op, Compute):
-            d = OPS[op.op]
-            f = d.fn if d.fn is not None else _cast_fn(op.dtype)
-            env[op.out] = f(*[env[a] if isinstance(a, str) else _const_tensor(a, self.ndim) for a in op.args])
-        elif isinstance(op, IndexValue):
-            E = dict(ar)
-            for n in op.inputs:
-                E[n] = env[n]
-            v = compile_expr(_subst(op.expr, self.bd.sizes))(E)
-            v = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * self.ndim)
-            env[op.out] = _cast_fn(op.dtype)(v)
-        elif isinstance(op, Constant):
-            env[op.out] = _cast_fn(op.dtype)(_const_tensor(op.value, self.ndim))
-        elif isinstance(op, (Reduce, Matmul, SoftmaxMatmul)):
-            combine, finish = _reduction_state(op)
-            if isinstance(op, Reduce):
-                axes = tuple(self.names.index(d) for d in op.dims)
-                x = env[op.value]
-                shape = list(x.shape)
-                for a in axes:
-                    shape[a] = tile[a][1] - tile[a][0]
-                x = x.expand(shape)
-                part = REDUCE_IMPL[op.op].partial(x, axes, tile[axes[0]][0])
-                reduced = set(op.dims)
-            elif isinstance(op, Matmul):
-                axes_a = sorted(self.names.index(d) for d in an.dims[op.a])
-                axes_b = sorted(self.names.index(d) for d in an.dims[op.b])
-                part = _matmul_eval(env[op.a], env[op.b], axes_a, axes_b, self.names.index(op.dim), self.ndim)
-                reduced = {op.dim}
-            else:
-                axes_s = sorted(self.names.index(d) for d in an.dims[op.s])
-                axes_v = sorted(self.names.index(d) for d in an.dims[op.v]) if op.v else []
-                part = SOFTMAX_MATMUL.partial(env[op.s], env[op.v] if op.v else None, axes_s, axes_v,
-                                              self.names.index(op.dim), self.ndim)
-                reduced = {op.dim}
-            # one accumulator per tile of the dims this reduction does not reduce over
-            key = (i, tuple(r for d, r in zip(self.names, tile) if d not in reduced))
-            states[key] = combine(states[key], part) if key in states else part
-            env[_STATE + op.out] = states[key]
-            val = finish(states[key])
-            if isinstance(op, Matmul) and op.acc:
-                val = val + env[op.acc]
-            env[op.out] = val
-        elif isinstance(op, RingReduce):
-            env[op.out] = env[op.value]   # combined by the caller when the dim is split
-            if _STATE + op.value in env:
-                env[_STATE + op.out] = env[_STATE + op.value]
+        return check
+
+    def run_op(self, i: int, op, env, ar, core, tile, states: dict) -> None:
+        self.core = core
+        op.tile(i, self, env, ar, tile, states)
 
     # -- the schedule ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -775,7 +565,7 @@ class _Checked:
                                 continue
                             if runs_at(self.rules[i], st, self.inner):
                                 self.run_op(i, op, env, ar, c, st.ranges, states)
-                    partials.append({i: env[_STATE + op.value] for i, op in enumerate(p.body) if split_ring[i]})
+                    partials.append({i: env[STATE + op.value] for i, op in enumerate(p.body) if split_ring[i]})
                     envs.append((c, env, steps[-1]))
                 # ring: the partial of chunk j travels to chunk j-1; the owner ends with the total
                 owner, oenv, olast = envs[0]
@@ -783,7 +573,7 @@ class _Checked:
                     if not split_ring[i]:
                         continue
                     prod = an.producer[op.value]
-                    comb, finish = _reduction_state(prod)
+                    comb, finish = prod.state_fns()
                     carry = partials[-1][i]
                     for j in range(len(active) - 1, 0, -1):
                         src, dst = active[j], active[j - 1]
@@ -825,19 +615,6 @@ class _Checked:
                                     "do not cover the iteration space")
         return {"peak_scratchpad_bytes": self.peak, "ring_transfers": len(self.sends),
                 "cores": sum(1 for c in s.cores if not c.empty)}
-
-
-_STATE = "#state:"     # env key prefix of a reduction's raw partial state (checked mode)
-
-
-def _reduction_state(op) -> tuple:
-    """(combine, finish) of a reduction's partial states, from the registry."""
-    if isinstance(op, Reduce):
-        impl = REDUCE_IMPL[op.op]
-        return impl.combine, impl.finish
-    if isinstance(op, SoftmaxMatmul):
-        return SOFTMAX_MATMUL.combine, (lambda st, op=op: SOFTMAX_MATMUL.finish(st, op))
-    return torch.add, (lambda st: st)
 
 
 def _shape(x) -> tuple:

@@ -288,12 +288,13 @@ def _copy(node):
 
 
 def _registry_pointwise() -> dict:
-    """Every vector op of the registry (``ir.ops``) whose ATen namesake takes exactly its operands
+    """Every vector op of the registry (``ir.ops``) whose ATen namesake (``<name>``, or
+    ``special_<name>`` as Inductor names its special functions) takes exactly its operands
     (tensors or scalars, a tensor first) and returns one tensor: a pointwise lowering for free, so
-    a new op is one registry line on both compilers (``asinh``, ``hypot``, ``copysign`` come this way)."""
+    a new op is one registry line on both compilers (``asinh``, ``hypot``, ``i1`` come this way)."""
     out = {}
     for name, d in OPS.items():
-        packet = getattr(aten, name, None)
+        packet = getattr(aten, name, None) or getattr(aten, f"special_{name}", None)
         if d.unit != "vector" or d.fn is None or d.arity is None or packet is None:
             continue
         for ov in ("default", "Tensor", "Scalar"):
