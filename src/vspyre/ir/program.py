@@ -508,8 +508,13 @@ class Matmul(_Reduction):
         return val + env[self.acc] if self.acc else val
 
     def fast(self, i: int, fx) -> Callable:
+        mm, axes_a, axes_b = _sem()._matmul_eval, fx.axes(self.a), fx.axes(self.b)
+        k, ndim = fx.names.index(self.dim), fx.ndim
+        out, a, b, acc = self.out, self.a, self.b, self.acc
+
         def step(env, H):
-            env[self.out] = self.finished(self._product(fx, env), env)
+            r = mm(env[a], env[b], axes_a, axes_b, k, ndim)
+            env[out] = r + env[acc] if acc else r
         return step
 
     def partial(self, tx, env: dict, tile) -> Any:
@@ -640,25 +645,28 @@ class Reduce(_Reduction):
         impl = _sem().REDUCE_IMPL[self.op]
         return impl.combine, impl.finish
 
-    def _partial(self, ctx, x: torch.Tensor, extent: Callable[[int], int], start: int) -> Any:
-        axes = tuple(ctx.names.index(d) for d in self.dims)
-        if any(x.shape[a] != extent(a) for a in axes):     # a value constant along a reduced dim
+    @staticmethod
+    def _expanded(x: torch.Tensor, axes: tuple[int, ...], extents: list[int]) -> torch.Tensor:
+        """``x`` at its full extent along the reduced axes (a value constant along one is broadcast)."""
+        if any(x.shape[a] != extents[a] for a in axes):
             shape = list(x.shape)
             for a in axes:
-                shape[a] = extent(a)
+                shape[a] = extents[a]
             x = x.expand(shape)
-        return _sem().REDUCE_IMPL[self.op].partial(x, axes, start)
+        return x
 
     def fast(self, i: int, fx) -> Callable:
-        finish, box = self.state_fns()[1], fx.box
+        impl = _sem().REDUCE_IMPL[self.op]
+        axes, box, out, value = tuple(fx.names.index(d) for d in self.dims), fx.box, self.out, self.value
 
         def step(env, H):
-            env[self.out] = finish(self._partial(fx, env[self.value], box.__getitem__, 0))
+            env[out] = impl.finish(impl.partial(self._expanded(env[value], axes, box), axes, 0))
         return step
 
     def partial(self, tx, env: dict, tile) -> Any:
-        first = tx.names.index(self.dims[0])
-        return self._partial(tx, env[self.value], lambda a: tile[a][1] - tile[a][0], tile[first][0])
+        axes = tuple(tx.names.index(d) for d in self.dims)
+        x = self._expanded(env[self.value], axes, [b - a for a, b in tile])
+        return _sem().REDUCE_IMPL[self.op].partial(x, axes, tile[axes[0]][0])
 
 
 @dataclass(frozen=True)
@@ -697,8 +705,10 @@ class RingReduce(_Kind):
         return f"{self.out} = ring.{self.op}({self.value}) over {self.dim}"
 
     def fast(self, i: int, fx) -> Callable:
+        out, value = self.out, self.value
+
         def step(env, H):       # the whole reduction was done in one piece
-            env[self.out] = env[self.value]
+            env[out] = env[value]
         return step
 
     def tile(self, i: int, tx, env: dict, ar: dict, tile, states: dict) -> None:
