@@ -81,6 +81,14 @@ def publish(event: Event) -> None:
         fn(event)
 
 
+def op_packet(name: str) -> str:
+    """An op name without its overload (``aten::median.dim_values`` -> ``aten::median``): the key
+    that joins reports across paths, since the device counts the overload the dispatcher ran (a
+    structured op's ``.out``) and a compiler the one in its graph (``median.dim``)."""
+    ns, sep, rest = name.partition("::")
+    return f"{ns}{sep}{rest.split('.', 1)[0]}" if sep else name
+
+
 def op_name(op: object) -> str:
     """The name every report uses for an op: the dispatcher's spelling, namespace included
     (``aten::add.Tensor``, ``aten::i0``, ``transformers::grouped_mm_fallback``); Python callables
