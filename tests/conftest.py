@@ -4,6 +4,11 @@ import os
 
 # Must happen before torch is imported (torch autoloads the spyre device at import).
 os.environ.setdefault("VSPYRE_NUM_CARDS", "2")
+# The planner's cross-process cache starts empty for each test run, in a folder of its own (the
+# tests then exercise both its stores and its hits, and never read plans from another run).
+if "VSPYRE_CACHE_DIR" not in os.environ:
+    import tempfile
+    os.environ["VSPYRE_CACHE_DIR"] = tempfile.mkdtemp(prefix="vspyre-test-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

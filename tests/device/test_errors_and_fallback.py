@@ -112,7 +112,7 @@ def test_dtype_bridge_refuses_an_inexact_result():
         return x / 3
     x = torch.tensor([3, 6, 9], dtype=torch.int32)
     err = NotImplementedError("\"third\" not implemented for 'Int'")
-    assert torch.equal(_bridge_dtype(third, SimpleNamespace(mutable=False), "third", [x], {}, err),
+    assert torch.equal(_bridge_dtype(third, SimpleNamespace(mutable=[], out_args=set(), arg_names=["x"]), "third", [x], {}, err),
                        torch.tensor([1, 2, 3], dtype=torch.int32))
     with pytest.raises(TypeError, match="third.*not exactly representable in torch.int32"):
-        _bridge_dtype(third, SimpleNamespace(mutable=False), "third", [x + 1], {}, err)
+        _bridge_dtype(third, SimpleNamespace(mutable=[], out_args=set(), arg_names=["x"]), "third", [x + 1], {}, err)

@@ -228,23 +228,28 @@ def _note(name: str, dev_index: int, t0: int, t1: int, moved: Callable[[], int] 
 
 
 _WIDER = {torch.int8: torch.float64, torch.int16: torch.float64, torch.int32: torch.float64,
-          torch.uint8: torch.float64, torch.int64: torch.float64, torch.float16: torch.float32,
-          torch.bfloat16: torch.float32}
+          torch.uint8: torch.float64, torch.int64: torch.float64, torch.bool: torch.int64,
+          torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+_DTYPE_NAMES = {"Half": torch.float16, "BFloat16": torch.bfloat16, "Bool": torch.bool, "Byte": torch.uint8,
+                "Char": torch.int8, "Short": torch.int16, "Int": torch.int32, "Long": torch.int64}
 
 
 def _bridge_dtype(op: Any, info: "_OpInfo", name: str, args: list, kwargs: dict, err: Exception) -> Any:
-    """The CPU has no kernel for this dtype (integer ``histc``: accelerators have one): compute in a
-    dtype the CPU has and cast the results back, exactly, or raise naming the op and dtype."""
+    """The CPU has no kernel for this dtype but accelerators do (integer ``histc``, half-precision
+    ``avg_pool3d``, ``trace`` of bools): compute in a dtype the CPU has and cast the results back
+    to the dtypes the op gives (its meta kernel says which). Integer and bool results must come
+    back exactly, or this raises naming the op and dtype; half floats are computed in fp32 and
+    rounded once, as accelerators' half kernels compute (fp32 "opmath"). Written arguments
+    (``out=``, in-place) are computed in wide temporaries, then written back."""
     import re
     m = re.search(r"not implemented for '(\w+)'", str(err))
-    if m is None or info.mutable:
+    dt = _DTYPE_NAMES.get(m.group(1)) if m else None
+    if dt is None or dt not in _WIDER:
         raise err
-    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-    dtypes = {t.dtype for t in tensors if t.dtype in _WIDER}
-    if len(dtypes) != 1:
-        raise err
-    (dt,) = dtypes
     wide = _WIDER[dt]
+    written = {i: _arg(info, i, args, kwargs) for i in info.mutable}
 
     def up(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dtype == dt:
@@ -253,17 +258,46 @@ def _bridge_dtype(op: Any, info: "_OpInfo", name: str, args: list, kwargs: dict,
                                 f"so it cannot run exactly in {wide} on the host")
             return x.to(wide)
         return x
-    out = op(*[_map(up, a) for a in args], **{k: _map(up, v) for k, v in kwargs.items()})
 
-    def down(x: Any) -> Any:
-        if not (isinstance(x, torch.Tensor) and x.dtype == wide):
-            return x
-        back = x.to(dt)
-        if not torch.equal(back.to(wide), x):
+    def cast(x: torch.Tensor, to: torch.dtype) -> torch.Tensor:
+        back = x.to(to)
+        if not (to.is_floating_point or torch.equal(back.to(x.dtype), x)):
             raise TypeError(f"spyre: {name} has no CPU kernel for {dt}; computed in {wide} its result is "
-                            f"not exactly representable in {dt}")
+                            f"not exactly representable in {to}")
         return back
-    return _map(down, out)
+
+    def meta(x: Any) -> Any:
+        return meta_like(x) if isinstance(x, torch.Tensor) else x
+    try:             # the dtypes of the op's results for the real arguments
+        want = op(*[_map(meta, a) for a in args], **{k: _map(meta, v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 (no meta kernel: results in the bridged dtype)
+        want = None
+    temps = {i: (torch.empty(0, dtype=wide if t.dtype == dt else t.dtype) if i in info.out_args else up(t))
+             for i, t in written.items() if isinstance(t, torch.Tensor)}
+    a2 = [temps[i] if i in temps else _map(up, a) for i, a in enumerate(args)]
+    k2 = {k: temps[j] if (j := info.arg_names.index(k) if k in info.arg_names else -1) in temps else _map(up, v)
+          for k, v in kwargs.items()}
+    out = op(*a2, **k2)
+    back = {}
+    for i, t in temps.items():
+        dst = written[i]
+        if dst.shape != t.shape:
+            dst.resize_(t.shape)
+        dst.copy_(cast(t, dst.dtype))
+        back[id(t)] = dst
+    if want is None:
+        return _map(lambda x: back.get(id(x), cast(x, dt) if isinstance(x, torch.Tensor) and x.dtype == wide else x),
+                    out)
+    wants: list[torch.dtype] = []
+    _map(lambda w: wants.append(w.dtype), want)
+    order = iter(wants)
+
+    def fix(x: torch.Tensor) -> torch.Tensor:      # called for each result tensor, in order
+        d = next(order, None)
+        if id(x) in back:
+            return back[id(x)]
+        return cast(x, d) if d is not None and x.dtype != d else x
+    return _map(fix, out)
 
 
 def _host_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:

@@ -170,6 +170,7 @@ def _run_phase(model: str, backend: Backend, phase: str, workdir: Path, cache_di
     env = dict(os.environ)
     env.update(opts.extra_env)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    env["VSPYRE_CACHE_DIR"] = str(cache_dir / "vspyre")     # the planner's plans: cold, then warm, too
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
     stderr_path = workdir / f"{phase}.stderr"
     t0 = time.perf_counter()

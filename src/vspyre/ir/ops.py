@@ -197,7 +197,7 @@ _vec("device_assert", _device_assert, 1, "c, raising when any element is false (
 _vec("isnan", torch.isnan, 1, "a is NaN -> bool", result="bool")
 _vec("isinf", torch.isinf, 1, "a is +-inf -> bool", result="bool")
 _vec("neg", torch.neg, 1, "-a")
-_vec("abs", torch.abs, 1, "|a|")
+_vec("abs", lambda a: a if a.dtype == torch.bool else torch.abs(a), 1, "|a| (a bool is its own, as on accelerators)")
 _vec("relu", torch.relu, 1, "max(a, 0)")
 _vec("sign", torch.sign, 1, "sign(a)")
 _vec("square", torch.square, 1, "a * a", result="nobool")

@@ -35,10 +35,12 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import sqlite3
 from typing import Iterator, Mapping
 
 from .. import hardware
 from ..hardware import HardwareConfig
+from . import plan_cache
 from .latency import estimate_schedule
 from .ops import Access, access_layout, relayout_candidates
 from .program import Program, ProgramError, Split, TilePlan, WorkDivision, _bind
@@ -54,7 +56,7 @@ GAP = 0.98              # a division whose bound is within 2% of the best estima
 MIN_GAIN_US = 0.25      # ... nor one that could win less than this (tiny, launch-bound kernels)
 REFINE = 2              # divisions whose every loop order and buffering choice is tried
 
-plan_stats = {"plans": 0, "candidates": 0}
+plan_stats = {"plans": 0, "candidates": 0, "cache_hits": 0, "cache_stores": 0, "cache_errors": 0}
 
 
 # ------------------------------------------------------------------------------ candidates
@@ -263,6 +265,7 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
     re-layout is paid once (the runtime keeps the re-laid copy), so the search does not count it
     per launch; the schedule's estimate still reports it."""
     cfg = cfg or hardware.get_config()
+    searched = division is None and tiles is None and relayout is None and order is None
     division = division or p.division
     tiles = tiles or p.tiles
     plan_stats["plans"] += 1
@@ -273,6 +276,10 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
     key = tuple(sorted(sizes.items()))
     if key not in cache:
         cache[key] = variants(p, sizes) if relayout is None else [p]
+    stored = _stored(p, cache[key], sizes, cfg, persistent) if searched and plan_cache.enabled() else None
+    if stored is not None:
+        if isinstance(stored, Schedule):
+            return stored
     for v in cache[key]:
         for rl in ([frozenset(relayout)] if relayout is not None else relayouts(v, sizes)):
             try:
@@ -284,7 +291,38 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
                 best = cand
     if best is None:
         raise err if err else ScheduleError(f"program {p.name}: no schedule")
+    if stored is not None:                                  # a key to store the search's answer under
+        try:
+            plan_cache.store(stored, plan_cache.plan_of(cache[key].index(best[1].program), best[1]))
+            plan_stats["cache_stores"] += 1
+        except (sqlite3.Error, OSError, ValueError):
+            plan_stats["cache_errors"] += 1
     return best[1]
+
+
+def _stored(p: Program, progs: list[Program], sizes: Mapping[str, int], cfg: HardwareConfig,
+            persistent: frozenset[str]) -> Schedule | str | None:
+    """The schedule a previous process's search chose (``plan_cache``), or the key to store this
+    search's answer under, or None if the cache cannot be used."""
+    try:
+        k = plan_cache.key(p, sizes, cfg, persistent)
+        plan = plan_cache.lookup(k)
+    except (sqlite3.Error, OSError, ValueError):
+        plan_stats["cache_errors"] += 1
+        return None
+    if plan is None:
+        return k
+    try:
+        v = progs[plan["variant"]]
+        rl = frozenset(plan["relayout"])
+        division = WorkDivision(tuple(Split(d, n, c, tuple(st)) for d, n, c, st in plan["splits"]))
+        s = build_schedule(v, sizes, cfg, division, dict(zip(v.dim_names, plan["tiles"])), plan["double_buffer"],
+                           access_layout(v, sizes, rl, cfg.stick_bytes), rl, tuple(plan["order"]))
+    except (KeyError, IndexError, TypeError, ValueError, ScheduleError, ProgramError):
+        plan_stats["cache_errors"] += 1             # an entry this planner cannot use: search again
+        return k
+    plan_stats["cache_hits"] += 1
+    return s
 
 
 def _best_for_relayout(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig, division: WorkDivision | None,
