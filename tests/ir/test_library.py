@@ -3,6 +3,7 @@ checked executor runs them tile by tile on the planned schedule, proving the pla
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vspyre import runtime
 from vspyre.ir import library as L
@@ -59,3 +60,33 @@ def test_device_assert_stops_the_kernel_with_its_message():
         runtime.launch(prog, cond, ok)
     runtime.launch(prog, torch.tensor([True, True]), ok)
     assert ok.item()
+
+
+@pytest.mark.parametrize("case", [
+    dict(x=(2, 6, 9, 11), w=(8, 3, 3, 3), stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2, bias=True),
+    dict(x=(1, 4, 7, 7), w=(4, 4, 1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, bias=False),
+    dict(x=(2, 4, 17), w=(6, 2, 5), stride=(3,), padding=(2,), dilation=(1,), groups=2, bias=True),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_conv_fast_host_form_and_tile_program_agree(case, dtype):
+    """Fast mode computes the convolution with torch's own conv (``library.HOST_FORMS``); checked
+    mode runs the implicit GEMM tile by tile. Both give torch's convolution, rounded where stored."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(case["x"], generator=g).to(dtype)
+    w = torch.randn(case["w"], generator=g).to(dtype)
+    bias = torch.randn(case["w"][0], generator=g).to(dtype) if case["bias"] else None
+    f = F.conv1d if len(case["x"]) == 3 else F.conv2d
+    ref = f(x.float(), w.float(), None if bias is None else bias.float(), case["stride"], case["padding"],
+            case["dilation"], case["groups"])
+    outs = {}
+    for mode in ("fast", "checked"):
+        out = torch.empty(ref.shape, dtype=dtype)
+        prog = L.conv(_sp(x), _sp(w), _sp(bias) if bias is not None else None, _sp(out), case["stride"],
+                      case["padding"], case["dilation"], case["groups"])
+        assert prog.meta["host"][0] == "conv"
+        runtime.launch(prog, x, w, *([bias] if bias is not None else []), out, mode=mode)
+        outs[mode] = out
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=4e-3, atol=4e-3)
+    torch.testing.assert_close(outs["fast"].float(), ref, **tol)
+    torch.testing.assert_close(outs["checked"].float(), ref, **tol)
+    torch.testing.assert_close(outs["fast"], outs["checked"], **tol)

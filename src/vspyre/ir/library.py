@@ -224,7 +224,27 @@ def conv(x: Spec, w: Spec, bias: Spec | None, out: Spec, stride: tuple[int, ...]
     else:
         opos = oh * os_[2] + ow * os_[3]
     b.store(ob, bn * os_[0] + oc * os_[1] + opos, b.to(acc, out[0]))
-    return b.build()
+    return b.build(host=("conv", nd, tuple(stride), tuple(padding), tuple(dilation), G))
+
+
+def _conv_host(p: Program, hosts: Any) -> None:
+    """What ``conv``'s program computes, as torch's own convolution on the host: the input, weight
+    and bias as the card holds them (fp32), fp32 accumulation, one rounding where it stores. Fast
+    mode runs this instead of the implicit GEMM's gathers (the same value; the card's cost is the
+    program's); checked mode runs the program tile by tile."""
+    from .. import numerics
+    from .ops import host_value
+
+    _, nd, stride, padding, dilation, groups = p.meta["host"]
+    x, w, out = hosts[0], hosts[1], hosts[len(p.buffers) - 1]
+    bias = host_value(hosts[2]) if len(p.buffers) == 4 else None
+    f = torch.nn.functional.conv1d if nd == 1 else torch.nn.functional.conv2d
+    y = f(host_value(x), host_value(w), bias, stride, padding, dilation, groups)
+    out.copy_(numerics.store_cast(y, out.dtype))
+
+
+# Library programs whose whole value fast mode computes with one torch call (``meta["host"]``).
+HOST_FORMS = {"conv": _conv_host}
 
 
 SCAN_MAX = 4096         # longest dim a scan is a masked reduction for (quadratic work)

@@ -422,6 +422,14 @@ def _attention_fast(a: dict, env: dict, ndim: int) -> torch.Tensor:
 
 
 def run_fast(bd: Bound, hosts: Sequence[torch.Tensor]) -> None:
+    host = bd.program.meta.get("host")
+    if host is not None:                  # a library program with a whole-program host form
+        from ..ir.library import HOST_FORMS
+        try:
+            HOST_FORMS[host[0]](bd.program, hosts)
+        except (RuntimeError, IndexError, TypeError, ValueError) as e:
+            raise RuntimeError(f"program {bd.program.name}: {type(e).__name__}: {e}") from e
+        return
     pieces = bd.steps
     if pieces is None:
         pieces = bd.steps = [_compile_fast(bd, box) for box in _chunks(bd)]
