@@ -35,6 +35,7 @@ WANT = {"aten::special_bessel_j0": 1, "aten::median": 1, "aten::special_zeta": 1
 def test_the_report_names_what_the_device_ran_on_the_host(path):
     x = torch.rand(8, 16)
     torch._dynamo.reset()
+    S.compiler.reset_report()
     reset_compiled_fallbacks()
     torch.spyre.reset_fallback_stats()
     run = f if path == "eager" else torch.compile(f, backend=path)

@@ -32,6 +32,7 @@ def test_a_registry_line_runs_on_every_path(name, path):
         assert sum(torch.spyre.eager_kernel_stats()["calls"].values()) >= 1
     else:
         torch._dynamo.reset()
+        S.compiler.reset_report()
         cf = torch.compile(f) if path == "inductor" else torch.compile(f, backend=path)
         out = cf(x.to("spyre"))
         if path == "spyre_standalone":

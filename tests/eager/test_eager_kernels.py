@@ -116,7 +116,7 @@ def test_eager_kernels_are_in_the_profile_and_can_be_turned_off():
     with torch.spyre.profile() as prof:
         torch.softmax(x @ x.t(), -1)
     names = [(k.name, k.source) for k in prof.kernels if k.extra.get("kind") != "relayout"]
-    assert names == [("mm", "eager"), ("softmax", "eager")], names
+    assert names == [("matmul", "eager"), ("softmax", "eager")], names
     assert prof.total_est_us > 0 and all(k.est_us > 0 for k in prof.kernels)
     with torch.spyre.eager_kernels(False):
         torch.softmax(x @ x.t(), -1)
@@ -129,7 +129,7 @@ def test_estimate_only_mode_costs_eager_kernels():
         with torch.spyre.profile() as prof:
             b = torch.relu(a @ a.t())
         assert not torch.spyre.has_values(b)
-    assert [k.name for k in prof.kernels if k.extra.get("kind") != "relayout"] == ["mm", "relu"]
+    assert [k.name for k in prof.kernels if k.extra.get("kind") != "relayout"] == ["matmul", "relu"]
     assert prof.total_est_us > 0
 
 

@@ -157,11 +157,16 @@ class EagerCtx(Ctx):
     def memo(self, key: Any, build: Callable) -> Any:
         return _program(self.opn, ("shape",) + tuple(key), build)
 
-    def spec(self, t: torch.Tensor, name: str) -> tuple:
-        return (t.dtype, tuple(sym(f"s{name}{i}") for i in range(t.dim())), _st(name, t.dim()))
+    def spec(self, t: torch.Tensor, name: str, sizes: tuple | None = None) -> tuple:
+        if sizes is None:
+            sizes = tuple(sym(f"s{name}{i}") for i in range(t.dim()))
+        return (t.dtype, tuple(sizes), _st(name, t.dim()))
 
     def stride_spec(self, t: torch.Tensor, name: str) -> tuple:
         return _st(name, t.dim())
+
+    def operand(self, t: torch.Tensor, shape: tuple) -> torch.Tensor:
+        return _operand(t, tuple(shape))
 
     def key(self, t: torch.Tensor) -> tuple:
         return (t.dtype, t.dim())
@@ -188,174 +193,7 @@ class EagerCtx(Ctx):
         raise NoTileForm(op_name(op))
 
 
-# ------------------------------------------------------------------------------------- symbolic kinds
-def _reduce(ctx: EagerCtx, op: str, x: torch.Tensor, dims: Any, keepdim: bool, odt: torch.dtype,
-            prologue: Any = None, epilogue: Any = None) -> torch.Tensor:
-    if x.dim() == 0:
-        x, dims, keepdim = x.view(1), None, False
-    rd = L._rdims(x, dims)
-    r = x.dim()
-    shape = tuple((1 if d in rd else n) for d, n in enumerate(x.shape) if keepdim or d not in rd)
-    out = ctx.alloc(shape, odt)
-    ov = out.view(1) if out.dim() == 0 else out
-    S = _S(r)
-    oshape = tuple((1 if d in rd else S[d]) for d in range(r) if keepdim or d not in rd) or (1,)
-    kd = keepdim or out.dim() == 0
-    key = ("red", op, x.dtype, r, rd, oshape, kd, odt, prologue, epilogue)
-    prog = _program(ctx.opn, key, lambda: K.reduction(op, (x.dtype, S, _st("x", r)), rd,
-                                                      (odt, oshape, _st("o", len(oshape))), kd, None,
-                                                      prologue, epilogue))
-    ctx.launch(prog, x, ov)
-    return out
-
-
-def _make_reduce(op: str, all_dims: bool = False, prologue: Any = None, epilogue: Any = None):
-    def make(node):
-        odt = L._meta_dtype(node)
-
-        def run(ctx, x, dim=None, keepdim=False, dtype=None):
-            if op in ("argmax", "argmin") and dim is None and x.dim() > 1:
-                x = x.reshape(-1) if x.is_contiguous() else ctx.pointwise("clone", tuple(x.shape), x.dtype, [x],
-                                                                           ("in", 0)).view(-1)
-                return _reduce(ctx, op, x, 0, False, odt).view((1,) * len(node.meta["val"].shape))
-            return _reduce(ctx, op, x, None if all_dims else dim, keepdim, odt, prologue, epilogue)
-        return run
-    return make
-
-
-def _make_softmax(node):
-    odt = L._meta_dtype(node)
-    safe = node.target is aten._safe_softmax.default
-    log = node.target is aten._log_softmax.default
-
-    def run(ctx, x, dim, half_to_float=None, dtype=None):
-        xv = x.view(1) if x.dim() == 0 else x
-        r, d = xv.dim(), dim % max(x.dim(), 1)
-        out = ctx.alloc(tuple(x.shape), odt)
-        ov = out.view(1) if out.dim() == 0 else out
-        key = ("sm", x.dtype, r, d, odt, safe, log)
-        prog = _program(ctx.opn, key, lambda: K.softmax((x.dtype, _S(r), _st("x", r)), d, (odt, _S(r), _st("o", r)),
-                                                        (), ("x",), safe, log, "log_softmax" if log else "softmax"))
-        ctx.launch(prog, xv, ov)
-        return out
-    return run
-
-
-def _matmul(ctx: EagerCtx, name: str, a: torch.Tensor, b: torch.Tensor, odt: torch.dtype,
-            bias: torch.Tensor | None = None, alpha: Any = 1, beta: Any = 1) -> torch.Tensor:
-    if not (a.dtype.is_floating_point and b.dtype == a.dtype):
-        raise NoTileForm(f"{name} of {a.dtype} x {b.dtype}")
-    nb = a.dim() - 2
-    shape = tuple(a.shape[:-1]) + (b.shape[-1],)
-    out = ctx.alloc(shape, odt)
-    B, M, Kd, N = tuple(sym(f"sB{i}") for i in range(nb)), sym("sM"), sym("sK"), sym("sN")
-    extras, epi, key_extra = (), ("acc",), None
-    if bias is not None:
-        bias = _operand(bias, shape)
-        extras = ((bias.dtype, B + (M, N), _st("e", nb + 2)),)
-        epi = ("add", ("acc",), ("in", 0)) if alpha == 1 and beta == 1 else \
-            ("add", ("mul", ("acc",), ("c", float(alpha))), ("mul", ("in", 0), ("c", float(beta))))
-        key_extra = (bias.dtype, epi)
-    key = ("mm", name, a.dtype, nb, odt, key_extra)
-    prog = _program(ctx.opn, key, lambda: K.matmul((a.dtype, B + (M, Kd), _st("a", nb + 2)),
-                                                   (b.dtype, B + (Kd, N), _st("b", nb + 2)),
-                                                   (odt, B + (M, N), _st("o", nb + 2)), extras, epi, name))
-    ctx.launch(prog, a, b, *([bias] if bias is not None else []), out)
-    return out
-
-
-def _make_mm(node):
-    odt = L._meta_dtype(node)
-    return lambda ctx, a, b: _matmul(ctx, "mm", a, b, odt)
-
-
-def _make_bmm(node):
-    odt = L._meta_dtype(node)
-    return lambda ctx, a, b: _matmul(ctx, "bmm", a, b, odt)
-
-
-def _make_addmm(node):
-    odt = L._meta_dtype(node)
-    return lambda ctx, bias, a, b, beta=1, alpha=1: _matmul(ctx, "addmm", a, b, odt, bias, alpha, beta)
-
-
-def _make_layer_norm(node):
-    val = node.meta["val"]
-    odt, sdt = val[0].dtype, val[1].dtype        # fp16 input: fp32 statistics, as compiled graphs plan
-
-    def run(ctx, x, normalized_shape, weight, bias, eps):
-        k = len(normalized_shape)
-        if k != 1 or x.dim() == 0 or any(t is not None and t.dim() != 1 for t in (weight, bias)):
-            raise NoTileForm(f"layer norm over {k} dims")
-        r = x.dim()
-        lead = tuple(x.shape[:-1])
-        out = ctx.alloc(tuple(x.shape), odt)
-        mean = ctx.alloc(lead + (1,), sdt, fresh=True)
-        rstd = ctx.alloc(lead + (1,), sdt, fresh=True)
-        S = _S(r)
-        ws = (weight.dtype, (S[-1],)) if weight is not None else None
-        bs = (bias.dtype, (S[-1],)) if bias is not None else None
-        key = ("ln", x.dtype, r, odt, sdt, float(eps), ws and ws[0], bs and bs[0])
-        prog = _program(ctx.opn, key, lambda: K.norm("layer", (x.dtype, S, _st("x", r)), (odt, S, _st("o", r)),
-                                                     float(eps), ws and (ws[0], ws[1], _st("w", 1)),
-                                                     bs and (bs[0], bs[1], _st("b", 1)), stats=True,
-                                                     name="layernorm", stats_dtype=sdt))
-        ctx.launch(prog, x, *[t for t in (weight, bias) if t is not None], out, mean, rstd)
-        return out, mean, rstd
-    return run
-
-
-def _make_index_select(node):
-    odt = L._meta_dtype(node)
-
-    def run(ctx, x, dim, index):
-        if dim % max(x.dim(), 1) != 0 or x.dim() != 2 or index.dim() != 1 or index.device.type != "spyre":
-            raise NoTileForm("index_select other than rows of a matrix")
-        out = ctx.alloc((index.shape[0], x.shape[1]), odt)
-        key = ("rows", x.dtype, index.dtype)
-        V, D, N = sym("sV"), sym("sD"), sym("sN")
-        prog = _program(ctx.opn, key, lambda: K.embedding((x.dtype, (V, D), _st("w", 2)), (index.dtype, (N,), _st("i", 1)),
-                                                          (odt, (N, D), _st("o", 2))))
-        ctx.launch(prog, x, index, out)
-        return out
-    return run
-
-
-def _make_all(node):
-    odt = L._meta_dtype(node)
-
-    def run(ctx, x, dim=None, keepdim=False):
-        return _reduce(ctx, "any", x, dim, keepdim, odt, prologue=("logical_not", ("x",)),
-                       epilogue=("logical_not", ("x",)))
-    return run
-
-
 # ------------------------------------------------------------------------------------- the table
-_SYMBOLIC: dict[Any, tuple[str, Callable]] = {
-    aten.sum.dim_IntList: ("reduction", _make_reduce("sum")),
-    aten.sum.default: ("reduction", _make_reduce("sum", all_dims=True)),
-    aten.mean.dim: ("reduction", _make_reduce("mean")),
-    aten.mean.default: ("reduction", _make_reduce("mean", all_dims=True)),
-    aten.amax.default: ("reduction", _make_reduce("max")),
-    aten.amin.default: ("reduction", _make_reduce("min")),
-    aten.argmax.default: ("reduction", _make_reduce("argmax")),
-    aten.argmin.default: ("reduction", _make_reduce("argmin")),
-    aten.prod.dim_int: ("reduction", _make_reduce("prod")),
-    aten.any.dim: ("reduction", _make_reduce("any")),
-    aten.any.default: ("reduction", _make_reduce("any", all_dims=True)),
-    aten.max.default: ("reduction", _make_reduce("max", all_dims=True)),
-    aten.min.default: ("reduction", _make_reduce("min", all_dims=True)),
-    aten.all.dim: ("reduction", _make_all),
-    aten.all.default: ("reduction", _make_all),
-    aten._softmax.default: ("softmax", _make_softmax),
-    aten._log_softmax.default: ("softmax", _make_softmax),
-    aten._safe_softmax.default: ("softmax", _make_softmax),
-    aten.mm.default: ("matmul", _make_mm),
-    aten.bmm.default: ("matmul", _make_bmm),
-    aten.addmm.default: ("matmul", _make_addmm),
-    aten.native_layer_norm.default: ("norm", _make_layer_norm),
-    aten.index_select.default: ("gather", _make_index_select),
-}
 # ops whose tensor work is native in the device layer (copies, fills, allocation, dtype casts
 # through copy_) or which move data between devices: no eager kernel
 _NATIVE = {aten.copy.default, aten.fill.Scalar, aten.fill.Tensor, aten.empty.memory_format, aten._to_copy.default,
@@ -388,8 +226,6 @@ def _entries() -> dict[Any, tuple[str, Callable, Callable | None]]:
         kind = "pointwise" if lw.doc == "pointwise" else {
             "copy (broadcast, cast)": "copy", "iota": "iota", "triangular mask": "pointwise"}.get(lw.doc, lw.doc)
         out[op] = (kind, lw.make, lw.applies)
-    for op, (kind, make) in _SYMBOLIC.items():
-        out[op] = (kind, make, None)
     return out
 
 

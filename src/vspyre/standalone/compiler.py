@@ -147,12 +147,18 @@ class Ctx:
 
     # Lowerings written with these three build programs from specs this context chooses: concrete
     # here (a program per shape), size symbols in eager mode (``vspyre.eager``: one per rank).
-    def spec(self, t: torch.Tensor, name: str) -> tuple:
-        """``t``'s spec (dtype, shape, strides); ``name`` keeps its symbols apart in eager mode."""
+    def spec(self, t: torch.Tensor, name: str, sizes: tuple | None = None) -> tuple:
+        """``t``'s spec (dtype, shape, strides); ``name`` keeps its symbols apart in eager mode, where
+        ``sizes`` (built from other specs' sizes) says how its sizes relate to theirs. Here sizes are
+        the actual ones."""
         return (t.dtype, tuple(t.shape), tuple(t.stride()))
 
     def stride_spec(self, t: torch.Tensor, name: str) -> tuple:
         return tuple(t.stride())
+
+    def operand(self, t: torch.Tensor, shape: tuple) -> torch.Tensor:
+        """An operand a program reads at ``shape`` (eager mode: broadcast to it, as a view)."""
+        return t
 
     def key(self, t: torch.Tensor) -> tuple:
         """What of ``t`` a program built from :meth:`spec` depends on."""

@@ -270,7 +270,7 @@ def fuse_matmul_epilogue(gm: fx.GraphModule):
     fired = Counter()
     absorbed = Counter()
     for mm in list(gm.graph.nodes):
-        if mm.op != "call_function" or mm.target not in _MM:
+        if mm.op != "call_function" or mm.target not in _MM or not L._float_matmul(mm):
             continue
         if mm.target is aten.addmm.default and (mm.kwargs.get("beta", 1) != 1 or mm.kwargs.get("alpha", 1) != 1):
             continue

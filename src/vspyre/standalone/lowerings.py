@@ -452,13 +452,27 @@ def _mm_shape(a, b):
 def matmul_run(ctx, a, b, odt, extras=(), epilogue=("acc",), name="matmul", out_shape=None):
     shape = _mm_shape(a, b)
     out = ctx.alloc(shape, odt)
-    prog = ctx.memo(("mm", spec(a), spec(b), tuple(spec(e) for e in extras), epilogue, name, odt, shape),
-                    lambda: K.matmul(spec(a), spec(b), spec(out), tuple(spec(e) for e in extras), epilogue, name))
+    sa = ctx.spec(a, "a")
+    same = a.dim() == b.dim()              # (symbolic contexts: b shares a's batch and K sizes)
+    sb = ctx.spec(b, "b", sa[1][:-2] + (sa[1][-1], ctx.spec(b, "b")[1][-1]) if same else None)
+    so = ctx.spec(out, "o", sa[1][:-2] + (sa[1][-2], sb[1][-1]) if same else None)
+    extras = tuple(ctx.operand(e, shape) for e in extras)
+    es = tuple(ctx.spec(e, f"e{j}_", so[1] if tuple(e.shape) == shape else None) for j, e in enumerate(extras))
+    prog = ctx.memo(("mm", ctx.key(a), ctx.key(b), ctx.key(out), tuple(ctx.key(e) for e in extras), epilogue, name,
+                     odt), lambda: K.matmul(sa, sb, so, es, epilogue, name))
     ctx.launch(prog, a, b, *extras, out)
     return out.view(out_shape) if out_shape is not None else out
 
 
-@register([aten.mm.default, aten.bmm.default], "kernel", "systolic matmul")
+def _float_matmul(node) -> bool:
+    """The systolic array multiplies floating-point operands of one dtype (the card's integer
+    formats are int8/int4; an int32/int64 matmul runs on the host)."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_floating_point() and all(
+        a.meta["val"].dtype == val.dtype for a in node.args[-2:] if hasattr(a, "meta"))
+
+
+@register([aten.mm.default, aten.bmm.default], "kernel", "systolic matmul", applies=_float_matmul)
 def _mm(node):
     odt = _meta_dtype(node)
     return lambda ctx, a, b: matmul_run(ctx, a, b, odt)
@@ -476,8 +490,10 @@ def _matmul_plus_bias(name: str):
     return make
 
 
-register(aten.addmm.default, "kernel", "systolic matmul + bias epilogue")(_matmul_plus_bias("addmm"))
-register(aten.baddbmm.default, "kernel", "batched matmul + bias epilogue")(_matmul_plus_bias("baddbmm"))
+register(aten.addmm.default, "kernel", "systolic matmul + bias epilogue", applies=_float_matmul)(
+    _matmul_plus_bias("addmm"))
+register(aten.baddbmm.default, "kernel", "batched matmul + bias epilogue", applies=_float_matmul)(
+    _matmul_plus_bias("baddbmm"))
 
 
 # ------------------------------------------------------------------------------ reductions
@@ -495,13 +511,20 @@ def reduce_run(ctx, op, x, dims, keepdim, odt, prologue=None, epilogue=None):
         # of a scalar is a scalar): reduce its 1-element view fully
         x, dims, keepdim = x.view(1), None, False
     rd = _rdims(x, dims)
+    if op in ("argmax", "argmin") and len(rd) > 1:       # over every dim: of the flattened tensor
+        flat = x.reshape(-1) if x.is_contiguous() else ctx.pointwise("clone", tuple(x.shape), x.dtype, [x],
+                                                                      ("in", 0)).view(-1)
+        out = reduce_run(ctx, op, flat, 0, False, odt)
+        return out.view((1,) * x.dim()) if keepdim else out
     shape = tuple((1 if d in rd else n) for d, n in enumerate(x.shape) if keepdim or d not in rd)
     out = ctx.alloc(shape, odt)
     ov = out.view(1) if out.dim() == 0 else out
-    scale = 1.0 / math.prod(x.shape[d] for d in rd) if op == "mean" else None
-    prog = ctx.memo(("red", op, spec(x), rd, keepdim, odt, prologue, epilogue), lambda: K.reduction(
-        op, spec(x), rd, spec(ov) if out.dim() else (odt, (1,), (1,)), keepdim or out.dim() == 0, scale, prologue,
-        epilogue))
+    kd = keepdim or out.dim() == 0
+    xs = ctx.spec(x, "x")
+    os_ = ctx.spec(ov, "o", tuple((1 if d in rd else xs[1][d]) for d in range(x.dim()) if keepdim or d not in rd)
+                   or (1,))
+    prog = ctx.memo(("red", op, ctx.key(x), rd, kd, ctx.key(ov), odt, prologue, epilogue),
+                    lambda: K.reduction(op, xs, rd, os_, kd, None, prologue, epilogue))
     ctx.launch(prog, x, ov)
     return out
 
@@ -528,6 +551,9 @@ register(aten.argmax.default, "kernel", "reduction")(_make_reduce("argmax"))
 register(aten.argmin.default, "kernel", "reduction")(_make_reduce("argmin"))
 register(aten.prod.dim_int, "kernel", "reduction")(_make_reduce("prod"))
 register(aten.any.dim, "kernel", "reduction")(_make_reduce("any"))
+for _op, _r in ((aten.any.default, "any"), (aten.max.default, "max"), (aten.min.default, "min")):
+    register(_op, "kernel", "reduction")(
+        (lambda r: lambda node: (lambda ctx, x: reduce_run(ctx, r, x, None, False, _meta_dtype(node))))(_r))
 _NOT = ("logical_not", ("x",))
 register([aten.all.default, aten.all.dim], "kernel", "reduction")(
     lambda node: (lambda ctx, x, dim=None, keepdim=False: reduce_run(ctx, "any", x, dim, keepdim, _meta_dtype(node),
@@ -536,12 +562,16 @@ register([aten.all.default, aten.all.dim], "kernel", "reduction")(
 
 # ------------------------------------------------------------------------------ softmax
 def softmax_run(ctx, x, dim, odt, extras=(), prologue=("x",), safe=False, log=False, name="softmax"):
-    dim = dim % x.dim()
+    xv = x.view(1) if x.dim() == 0 else x
+    dim = dim % xv.dim()
     out = ctx.alloc(tuple(x.shape), odt)
-    prog = ctx.memo(("sm", spec(x), dim, odt, tuple(spec(e) for e in extras), prologue, safe, log, name),
-                    lambda: K.softmax(spec(x), dim, spec(out), tuple(spec(e) for e in extras), prologue, safe,
-                                      log, name))
-    ctx.launch(prog, x, *extras, out)
+    ov = out.view(1) if out.dim() == 0 else out
+    xs = ctx.spec(xv, "x")
+    es = tuple(ctx.spec(e, f"e{j}_", xs[1] if e.shape == xv.shape else None) for j, e in enumerate(extras))
+    prog = ctx.memo(("sm", ctx.key(xv), dim, odt, ctx.key(ov), tuple(ctx.key(e) for e in extras), prologue, safe,
+                     log, name),
+                    lambda: K.softmax(xs, dim, ctx.spec(ov, "o", xs[1]), es, prologue, safe, log, name))
+    ctx.launch(prog, xv, *extras, ov)
     return out
 
 
@@ -556,27 +586,34 @@ def _softmax(node):
 
 # ------------------------------------------------------------------------------ layer norm
 def norm_run(ctx, kind, x, weight, bias, eps, odt, stats=False, extras=(), prologue=("x",), sum_dtype=None,
-             name=None):
+             name=None, stats_dtype=torch.float32):
     out = ctx.alloc(tuple(x.shape), odt)
     outs = [out]
     if sum_dtype is not None:
         outs.append(ctx.alloc(tuple(x.shape), sum_dtype, fresh=True))
     if stats:
         st = tuple(x.shape[:-1]) + (1,)
-        outs += [ctx.alloc(st, torch.float32, fresh=True), ctx.alloc(st, torch.float32, fresh=True)]
-    key = ("norm", kind, spec(x), eps, odt, stats, spec(weight) if weight is not None else None,
-           spec(bias) if bias is not None else None, tuple(spec(e) for e in extras), prologue, sum_dtype, name)
-    prog = ctx.memo(key, lambda: K.norm(kind, spec(x), spec(out), float(eps),
-                                        spec(weight) if weight is not None else None,
-                                        spec(bias) if bias is not None else None, tuple(spec(e) for e in extras),
-                                        prologue, stats, spec(outs[1]) if sum_dtype is not None else None, name))
+        outs += [ctx.alloc(st, stats_dtype, fresh=True), ctx.alloc(st, stats_dtype, fresh=True)]
+    xs = ctx.spec(x, "x")
+    vec = (xs[1][-1],)
+
+    def opt(t, name, sizes):
+        return ctx.spec(t, name, sizes if t is not None and tuple(t.shape) == tuple(x.shape)[-len(sizes):] else None) \
+            if t is not None else None
+    key = ("norm", kind, ctx.key(x), float(eps), odt, stats, stats_dtype, ctx.key(out),
+           tuple(ctx.key(t) if t is not None else None for t in (weight, bias)), tuple(ctx.key(e) for e in extras),
+           prologue, sum_dtype, name)
+    prog = ctx.memo(key, lambda: K.norm(
+        kind, xs, ctx.spec(out, "o", xs[1]), float(eps), opt(weight, "w", vec), opt(bias, "b", vec),
+        tuple(opt(e, f"e{j}_", xs[1]) for j, e in enumerate(extras)), prologue, stats,
+        ctx.spec(outs[1], "s", xs[1]) if sum_dtype is not None else None, name, stats_dtype))
     ctx.launch(prog, x, *extras, *[t for t in (weight, bias) if t is not None], *outs)
     return outs
 
 
 @register(aten.native_layer_norm.default, "kernel", "layer norm in one program")
 def _layer_norm(node):
-    odt = _meta_dtype(node, 0)
+    odt, sdt = _meta_dtype(node, 0), _meta_dtype(node, 1)
     users = {u.args[1] for u in node.users if u.target is operator.getitem}
     stats = bool(users & {1, 2})
 
@@ -587,14 +624,14 @@ def _layer_norm(node):
     def run(ctx, x, shape, weight, bias, eps):
         k = len(shape)
         if k == 1:
-            outs = norm_run(ctx, "layer", x, weight, bias, eps, odt, stats=stats)
+            outs = norm_run(ctx, "layer", x, weight, bias, eps, odt, stats=stats, stats_dtype=sdt)
             return (outs[0], outs[1], outs[2]) if stats else (outs[0], None, None)
         # normalised over the last k dims: the same program over those dims flattened into one
         # (the device's eager native_layer_norm would decompose into fp16 intermediates)
         lead, d = tuple(x.shape[:x.dim() - k]), math.prod(shape)
         w = flat(ctx, weight, (d,)) if weight is not None else None
         b = flat(ctx, bias, (d,)) if bias is not None else None
-        outs = norm_run(ctx, "layer", flat(ctx, x, lead + (d,)), w, b, eps, odt, stats=stats)
+        outs = norm_run(ctx, "layer", flat(ctx, x, lead + (d,)), w, b, eps, odt, stats=stats, stats_dtype=sdt)
         y = outs[0].view(x.shape)
         if not stats:
             return y, None, None
@@ -612,6 +649,28 @@ def _embedding(node):
         out = ctx.alloc(tuple(idx.shape) + (weight.shape[1],), odt)
         prog = ctx.memo(("emb", spec(weight), spec(idx)), lambda: K.embedding(spec(weight), spec(idx), spec(out)))
         ctx.launch(prog, weight, idx, out)
+        return out
+    return run
+
+
+def _rows_of_a_matrix(node) -> bool:
+    x, idx = node.args[0].meta.get("val"), node.args[2].meta.get("val")
+    return (isinstance(x, torch.Tensor) and x.dim() == 2 and node.args[1] % 2 == 0 and isinstance(idx, torch.Tensor)
+            and idx.dim() == 1)
+
+
+@register(aten.index_select.default, "kernel", "indirect-load gather (rows of a matrix)", applies=_rows_of_a_matrix)
+def _index_select(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, dim, index):
+        if index.device.type != x.device.type:
+            return ctx.host_fallback(aten.index_select.default, x, dim, index)
+        out = ctx.alloc((index.shape[0], x.shape[1]), odt)
+        ws, ix = ctx.spec(x, "w"), ctx.spec(index, "i")
+        prog = ctx.memo(("rows", ctx.key(x), ctx.key(index), ctx.key(out)), lambda: K.embedding(
+            ws, ix, ctx.spec(out, "o", (ix[1][0], ws[1][1]))))
+        ctx.launch(prog, x, index, out)
         return out
     return run
 
