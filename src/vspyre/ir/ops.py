@@ -98,14 +98,35 @@ class TileCtx:
 
 
 @dataclass(frozen=True)
+class CostCategory:
+    """A kind of work on the card with one cost formula: every op names its category, so an op's
+    cost is its category's formula (with the op's own ``flops`` per element), never a formula of
+    its own."""
+
+    name: str
+    unit: str            # what does the work: "vector", "systolic", "dma_in", "dma_out", "ring", "none"
+    doc: str             # the formula, in words
+    formula: Callable[[HardwareConfig, "OpDef", Any, TileCtx], Cost]
+
+
+CATEGORIES: dict[str, CostCategory] = {}
+
+
+def _category(name: str, unit: str, doc: str):
+    def deco(formula):
+        CATEGORIES[name] = CostCategory(name, unit, doc, formula)
+        return formula
+    return deco
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
-    unit: str
+    category: str                                    # its cost: ``CATEGORIES[category]``'s formula
     doc: str
-    cost: Callable[[HardwareConfig, Any, TileCtx], Cost]
     fn: Callable[..., torch.Tensor] | None = None   # vector semantics on host tensors
     arity: int | None = None
-    transcendental: bool = False                     # its cost: multi-cycle on the vector unit
+    flops: int = 1                                   # flops per result element (fma: 2, a cast: 0)
     # the result dtype (``result_dtype``): "promote" (torch's promotion: the widest float, int64
     # registers for integers, bool for bools), "float" (integers and bools become float32: division,
     # transcendentals), "nobool" (promote, bools counting as integers: square), "bool", "explicit"
@@ -113,6 +134,17 @@ class OpDef:
     # computed in its result's dtype, not in fp32 registers: bit-level float ops (nextafter), whose
     # fp16 answer is not the fp32 answer rounded
     exact_width: bool = False
+
+    @property
+    def unit(self) -> str:
+        return CATEGORIES[self.category].unit
+
+    @property
+    def transcendental(self) -> bool:
+        return self.category == "transcendental"
+
+    def cost(self, cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+        return CATEGORIES[self.category].formula(cfg, self, op, t)
 
 
 OPS: dict[str, OpDef] = {}
@@ -137,18 +169,23 @@ def _lanes_cycles(cfg: HardwareConfig, elems: int, factor: float) -> float:
     return math.ceil(elems / lanes) * factor
 
 
-def _vector_cost(factor_attr: bool, flops_per_elem: int = 1):
-    def cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
-        n = t.elems(op.out)
-        f = cfg.transcendental_factor if factor_attr else 1.0
-        return Cost("vector", _lanes_cycles(cfg, n, f), flops=n * flops_per_elem)
-    return cost
+@_category("elementwise", "vector", "ceil(elements / vector lanes) cycles; flops = elements x the op's flops")
+def _elementwise_cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
+    n = t.elems(op.out)
+    return Cost("vector", _lanes_cycles(cfg, n, 1.0), flops=n * d.flops)
+
+
+@_category("transcendental", "vector",
+           "ceil(elements / vector lanes) x transcendental_factor cycles (exp, log, division, special functions)")
+def _transcendental_cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
+    n = t.elems(op.out)
+    return Cost("vector", _lanes_cycles(cfg, n, cfg.transcendental_factor), flops=n * d.flops)
 
 
 def _vec(name: str, fn: Callable, arity: int, doc: str, transcendental: bool = False,
          result: str | None = None, flops: int = 1, exact_width: bool = False) -> None:
     result = result or ("float" if transcendental else "promote")
-    _register(OpDef(name, "vector", doc, _vector_cost(transcendental, flops), fn, arity, transcendental, result,
+    _register(OpDef(name, "transcendental" if transcendental else "elementwise", doc, fn, arity, flops, result,
                     exact_width))
 
 
@@ -258,8 +295,8 @@ def _cast_fn(dtype: torch.dtype):
     return lambda a: a.to(torch.int64) if not a.is_floating_point() else torch.trunc(a).to(torch.int64)
 
 
-_register(OpDef("to", "vector", "cast a to the op's dtype (float->float keeps fp32 on the host)",
-                _vector_cost(False, 0), None, 1, False, "explicit"))
+_register(OpDef("to", "elementwise", "cast a to the op's dtype (float->float keeps fp32 on the host)",
+                None, 1, 0, "explicit"))
 
 
 def result_dtype(op: str, args: list[Any]) -> torch.dtype:
@@ -285,15 +322,22 @@ def result_dtype(op: str, args: list[Any]) -> torch.dtype:
 
 
 # ----------------------------------------------------------------------- index / constant
-_register(OpDef("index", "vector", "the value of an index expression at each point (iota)",
-                lambda cfg, op, t: Cost("vector", _lanes_cycles(cfg, t.elems(op.out), 1.0))))
-_register(OpDef("constant", "none", "a scalar constant (an immediate: free)",
-                lambda cfg, op, t: Cost("none", 0.0)))
+_register(OpDef("index", "elementwise", "the value of an index expression at each point (iota)", flops=0))
+
+
+@_category("immediate", "none", "free: a constant the instructions carry")
+def _immediate_cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
+    return Cost("none", 0.0)
+
+
+_register(OpDef("constant", "immediate", "a scalar constant (an immediate: free)"))
 
 
 # ----------------------------------------------------------------------- DMA
 def _dma_cost(unit: str):
-    def cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+    @_category(unit, unit, "dma_setup_cycles + sticks moved x stick bytes / the core's share of memory bandwidth "
+                           "(sticks: the access layout's count for the tile box)")
+    def cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
         sticks, elems = t.access[t.index].sticks(t.ext, cfg.stick_bytes)
         nbytes = sticks * cfg.stick_bytes
         rate = t.dma_bytes_per_cycle or cfg.core_memory_bandwidth / cfg.clock_hz
@@ -303,13 +347,13 @@ def _dma_cost(unit: str):
     return cost
 
 
+_dma_cost("dma_in")
+_dma_cost("dma_out")
 _register(OpDef("load", "dma_in",
                 "out = buffer[index] (other where mask is false): a DMA from device memory into the "
-                "scratchpad of the tile's box, then a read of the scratchpad copy",
-                _dma_cost("dma_in")))
+                "scratchpad of the tile's box, then a read of the scratchpad copy"))
 _register(OpDef("store", "dma_out",
-                "buffer[index] = store_cast(value) where mask: a DMA from scratchpad to device memory",
-                _dma_cost("dma_out")))
+                "buffer[index] = store_cast(value) where mask: a DMA from scratchpad to device memory"))
 
 
 # Values on the host: what a load puts in a register and how loads and stores move elements. Both
@@ -398,7 +442,9 @@ def matmul_shape(p: Program, op: Matmul, ext: Mapping[str, int]) -> tuple[int, i
     return prod((da & db) - {op.dim}), prod(da - db), prod(db - da), ext[op.dim]
 
 
-def _matmul_cost(cfg: HardwareConfig, op: Matmul, t: TileCtx) -> Cost:
+@_category("systolic", "systolic", "batch x ceil(M-N blocks / corelets) x K cycles + the array's fill; "
+                                   "a block is systolic_rows x (systolic_cols x pe_simd_lanes) outputs")
+def _matmul_cost(cfg: HardwareConfig, d: OpDef, op: Matmul, t: TileCtx) -> Cost:
     batch, m, n, k = matmul_shape(t.program, op, t.ext)
     rows = cfg.systolic_rows
     cols = cfg.systolic_cols * cfg.pe_simd_lanes
@@ -428,8 +474,7 @@ def _matmul_eval(a: torch.Tensor, b: torch.Tensor, axes_a: list[int], axes_b: li
 
 
 _register(OpDef("matmul", "systolic",
-                "out = acc + sum over dim of a * b on the systolic array, fp32 accumulation",
-                _matmul_cost, _matmul_eval))
+                "out = acc + sum over dim of a * b on the systolic array, fp32 accumulation", _matmul_eval))
 
 
 # ----------------------------------------------------------------------- attention: online softmax @ v
@@ -481,7 +526,10 @@ def softmax_matmul_shape(p: Program, op: Any, ext: Mapping[str, int]) -> tuple[i
     return prod((ds & dv) - {op.dim}), prod(ds - dv), ext[op.dim], prod(dv - ds)
 
 
-def _softmax_matmul_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+@_category("online_softmax", "systolic",
+           "the vector unit's max, exp, sum and rescales per key tile (transcendental_factor for the exps) "
+           "+ exp(s - m) @ v on the systolic array (the systolic formula)")
+def _softmax_matmul_cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
     batch, m, n, e = softmax_matmul_shape(t.program, op, t.ext)
     T = cfg.transcendental_factor
     mn, rows = batch * m * n, batch * m
@@ -496,10 +544,9 @@ def _softmax_matmul_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
     return Cost("systolic", float(vec + sys_), flops=2 * mn * e + 4 * mn)
 
 
-_register(OpDef("softmax_matmul", "systolic",
+_register(OpDef("softmax_matmul", "online_softmax",
                 "out = sum over dim of softmax_dim(s) * v (attention: online softmax over key tiles, "
-                "fp32 running max / sum / product, the product on the systolic array)",
-                _softmax_matmul_cost))
+                "fp32 running max / sum / product, the product on the systolic array)"))
 
 
 # ----------------------------------------------------------------------- reductions
@@ -559,20 +606,19 @@ REDUCE_IMPL: dict[str, ReduceImpl] = {
 }
 
 
-def _reduce_cost(name: str):
-    def cost(cfg: HardwareConfig, op: Reduce, t: TileCtx) -> Cost:
-        n = t.elems(op.value)
-        for d in op.dims:              # a value broadcast along a reduced dim is still reduced over it
-            if d not in t.analysis.dims[op.value]:
-                n *= t.ext[d]
-        return Cost("vector", _lanes_cycles(cfg, n, REDUCE_IMPL[name].factor), flops=n)
-    return cost
+@_category("reduction", "vector", "ceil(input elements / vector lanes) x the reduction's factor cycles "
+                                 "(1; argmax/argmin 2: value and index)")
+def _reduce_cost(cfg: HardwareConfig, d: OpDef, op: Reduce, t: TileCtx) -> Cost:
+    n = t.elems(op.value)
+    for dim in op.dims:              # a value broadcast along a reduced dim is still reduced over it
+        if dim not in t.analysis.dims[op.value]:
+            n *= t.ext[dim]
+    return Cost("vector", _lanes_cycles(cfg, n, REDUCE_IMPL[op.op].factor), flops=n)
 
 
 assert set(REDUCE_IMPL) == set(REDUCTIONS), "ir.program.REDUCTIONS and REDUCE_IMPL must name the same reductions"
 for _r in REDUCE_IMPL:
-    _register(OpDef(f"reduce.{_r}", "vector", f"{_r} over dims inside one core (fp32/int64 accumulator)",
-                    _reduce_cost(_r)))
+    _register(OpDef(f"reduce.{_r}", "reduction", f"{_r} over dims inside one core (fp32/int64 accumulator)"))
 
 
 # ----------------------------------------------------------------------- ring
@@ -581,14 +627,18 @@ def ring_transfer_cycles(cfg: HardwareConfig, nbytes: int, hops: int) -> float:
     return hops * cfg.ring_hop_cycles + nbytes / (cfg.ring_bandwidth / cfg.clock_hz)
 
 
-def _ring_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+@_category("ring", "ring", "per transfer: hops x ring_hop_cycles + bytes / ring bandwidth, + the combine "
+                         "on the vector unit (the elementwise formula)")
+def _ring_cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
     n = t.elems(op.value)
     nbytes = n * max(4, torch.empty((), dtype=t.analysis.dtypes[op.value]).element_size())
     combine = _lanes_cycles(cfg, n, 1.0)
     return Cost("ring", ring_transfer_cycles(cfg, nbytes, 1) + combine, flops=n, bytes=nbytes, elems=n)
 
 
-def _ring_softmax_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
+@_category("ring_softmax", "ring", "the ring formula for the row max, the row sum and the product, + their "
+                                 "rescale (transcendental_factor for the exps)")
+def _ring_softmax_cost(cfg: HardwareConfig, d: OpDef, op: Any, t: TileCtx) -> Cost:
     prod = t.analysis.producer[op.value]
     batch, m, n, e = softmax_matmul_shape(t.program, prod, t.ext)
     rows, n_out = batch * m, batch * m * e
@@ -597,15 +647,14 @@ def _ring_softmax_cost(cfg: HardwareConfig, op: Any, t: TileCtx) -> Cost:
     return Cost("ring", ring_transfer_cycles(cfg, nbytes, 1) + combine, flops=2 * n_out, bytes=nbytes, elems=n_out)
 
 
-_register(OpDef("ring.softmax", "ring",
+_register(OpDef("ring.softmax", "ring_softmax",
                 "combine per-core partial attention states (row max, sum of exponentials, product) over "
-                "the ring: flash-decoding when the keys are split over cores", _ring_softmax_cost))
+                "the ring: flash-decoding when the keys are split over cores"))
 
 for _r in sorted(set(RING_COMBINE.values())):
     _register(OpDef(f"ring.{_r}", "ring",
                     f"combine per-core partials with {_r}: each partial travels to the next core toward "
-                    "the owner, which ends with the total; cost per transfer (hops x hop latency + bytes / "
-                    "ring bandwidth) + the combine on the vector unit", _ring_cost))
+                    "the owner, which ends with the total"))
 
 
 # ----------------------------------------------------------------------- access layout
