@@ -90,3 +90,18 @@ def test_conv_fast_host_form_and_tile_program_agree(case, dtype):
     torch.testing.assert_close(outs["fast"].float(), ref, **tol)
     torch.testing.assert_close(outs["checked"].float(), ref, **tol)
     torch.testing.assert_close(outs["fast"], outs["checked"], **tol)
+
+
+@pytest.mark.parametrize("mode", ["fast", "checked"])
+def test_index_put_takes_the_last_source_per_row(mode):
+    """``x.index_put((idx,), values)``: repeated indices (the last one wins, as on the CPU),
+    negative ones, rows no index names keep x; an index out of range stops the kernel."""
+    g = torch.Generator().manual_seed(2)
+    x, v = torch.randn(7, 3, generator=g), torch.randn(5, 3, generator=g)
+    idx = torch.tensor([2, -1, 2, 0, 6])
+    out = torch.empty(7, 3)
+    prog = L.index_put(_sp(x), _sp(idx), _sp(v), _sp(out))
+    runtime.launch(prog, x, idx, v, out, mode=mode)
+    assert torch.equal(out, x.index_put((idx,), v))
+    with pytest.raises(DeviceAssertError, match="index_put"):
+        runtime.launch(prog, x, torch.tensor([0, 1, 7, 2, 3]), v, out, mode=mode)

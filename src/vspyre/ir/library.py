@@ -372,6 +372,31 @@ def index_add(x: Spec, idx: Spec, src: Spec, out: Spec, alpha: Any = 1, name: st
 
 
 @functools.lru_cache(maxsize=1024)
+def index_put(x: Spec, idx: Spec, values: Spec, out: Spec, name: str = "index_put",
+              source: str = "library") -> Program:
+    """``out = x.index_put((idx,), values)`` (not accumulating): ``out[r, ...] = values[j, ...]``
+    for the last ``j`` with ``idx[j] == r`` (negative indices count from the end), ``x[r, ...]``
+    where no index is ``r``. A masked max over the sources picks ``j`` (vector work rows x
+    sources, no write conflicts; with repeated indices ATen leaves the winner unspecified, and the
+    last one is what the CPU gives)."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    ib = b.input("idx", *idx)
+    vb = b.input("values", *values)
+    ob = b.output("out", *out)
+    dims = [b.dim(f"x{i}", n) for i, n in enumerate(x[1])]
+    j = b.rdim("r0", idx[1][0])
+    k = b.load(ib, idx[2][0] * j)
+    k = _checked_index(b, b.where(b.lt(k, 0), b.add(k, b.index_value(x[1][0])), k), x[1][0], "index_put")
+    last = b.reduce("max", b.where(b.eq(k, b.index_value(dims[0])), b.index_value(j), -1), j)
+    has = b.ge(last, 0)
+    row = b.where(has, last, 0)
+    v = b.load(vb, f"{row}*({values[2][0]}) + ({_idx(values[2][1:], dims[1:])})", mask=has, other=0)
+    b.store(ob, _idx(out[2], dims), b.to(b.where(has, v, b.load(xb, _idx(x[2], dims))), out[0]))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
 def scan(op: str, x: Spec, dim: int, out: Spec, name: str | None = None, source: str = "library") -> Program:
     """``cumsum``/``cumprod`` along ``dim``: ``out[..., i, ...] = op over j <= i of x[..., j, ...]``,
     a masked reduction (the Inductor extension's form)."""

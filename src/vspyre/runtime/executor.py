@@ -531,7 +531,10 @@ class _Checked:
 
     def run_op(self, i: int, op, env, ar, core, tile, states: dict) -> None:
         self.core = core
-        op.tile(i, self, env, ar, tile, states)
+        try:
+            op.tile(i, self, env, ar, tile, states)
+        except DeviceAssertError as e:
+            raise _fail(self.p, i, op, e, f" (core {core.core})") from None
 
     # -- the schedule ------------------------------------------------------------------------
     def run(self) -> dict:

@@ -884,6 +884,30 @@ def _index_add(node):
     return run
 
 
+@register([aten.index_put.default], "kernel",
+          "index_put along dim 0, not accumulating: the last source per row by a masked max (library.index_put)")
+def _index_put(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, x, indices, values, accumulate=False):
+        idx = indices[0] if len(indices) == 1 else None
+        want = (tuple(idx.shape) + tuple(x.shape[1:])) if idx is not None else None
+        if (accumulate or idx is None or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1
+                or x.dim() == 0 or values.dtype != x.dtype or idx.device != x.device
+                or torch.broadcast_shapes(tuple(values.shape), want) != want):
+            return ctx.host_fallback(aten.index_put.default, x, indices, values, accumulate)
+        values = ctx.operand(values, want)
+        values = values.expand(want) if tuple(values.shape) != want else values
+        out = ctx.alloc(tuple(x.shape), odt)
+        xs, is_ = ctx.spec(x, "x"), ctx.spec(idx, "i")
+        vs, os_ = ctx.spec(values, "v", is_[1] + xs[1][1:]), ctx.spec(out, "o", xs[1])
+        prog = ctx.memo(("index_put", ctx.key(x), ctx.key(idx), ctx.key(values), ctx.key(out)),
+                        lambda: library.index_put(xs, is_, vs, os_, source=K.SOURCE))
+        ctx.launch(prog, x, idx, values, out)
+        return out
+    return run
+
+
 @register([aten.cumsum.default, aten.cumprod.default], "kernel",
           f"cumsum/cumprod along a dim of up to {library.SCAN_MAX} as a masked reduction (library.scan)")
 def _scan(node):
