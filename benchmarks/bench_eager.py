@@ -66,10 +66,13 @@ print(json.dumps({"kernels": k, "fallbacks": torch.spyre.fallback_stats(),
 """
 
 
-def _fresh(code: str, *args: str) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="vspyre-bench-eager-"))
+def _fresh(code: str, *args: str, cache: str | None = None) -> dict:
+    """``code`` in a new process; with empty Inductor and plan caches unless ``cache`` (a folder
+    an earlier call filled) is given."""
+    cache = cache or tempfile.mkdtemp(prefix="vspyre-bench-eager-")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, VSPYRE_CACHE_DIR=os.path.join(cache, "vspyre"))
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]), cache=cache)
 
 
 def _median_s(fn, repeat: int) -> float:
@@ -124,6 +127,9 @@ def main() -> None:
     print(f"tiny GPT-2, fresh process, empty caches: first eager call {e['first_call_s']:.2f} s "
           f"({e['builds']} kernels built), torch.compile first call {c['first_call_s']:.2f} s: "
           f"ratio {e['first_call_s'] / c['first_call_s']:.2f} (goal <= 1)")
+    e2 = _fresh(_COLD, "eager", cache=e["cache"])
+    print(f"tiny GPT-2, next fresh process, the plans the first one stored (vspyre.ir.plan_cache): "
+          f"first eager call {e2['first_call_s']:.2f} s")
     d = _fresh(_DECODE)
     nk, nf = sum(d["kernels"].values()), sum(d["fallbacks"].values())
     print(f"tiny Llama greedy decode, 8 tokens, compiled forward: eager ops between forwards ran as {nk} device "
