@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_shapes.py
 	$(BIN)/python benchmarks/bench_estimate.py
 	$(BIN)/python benchmarks/bench_compile_depth.py
+	$(BIN)/python benchmarks/bench_eager.py
 
 # The OpInfo conformance sweep (issue #7): every op_db op x float32/float16/bfloat16 x eager/compiled/
 # standalone vs the CPU, with a progress bar; resumes from build/conformance-results.jsonl
