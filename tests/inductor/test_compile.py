@@ -135,19 +135,34 @@ def test_attention_runs_on_the_card(causal):
 
 
 def test_unlowered_op_is_a_counted_host_fallback():
-    f = lambda x: torch.sort(x, -1).values * 2
+    f = lambda x: torch.median(x, -1).values * 2
     x = torch.randn(4, 9)
     out, got = on_card(f, x)
     _close(out, f(x))
-    assert any("sort" in op for op in compiled_fallbacks())
-    assert [e.context for e in got.fallbacks] == ["compiled"] and "sort" in got.fallbacks[0].op
+    assert any("median" in op for op in compiled_fallbacks())
+    assert [e.context for e in got.fallbacks] == ["compiled"] and "median" in got.fallbacks[0].op
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_stable_sort_is_three_library_kernels(descending):
+    """sort(stable) along the last dim: the ranks, then the values and the indices (library
+    programs, no host fallback); ties keep their order, as the CPU's stable sort."""
+    x = torch.randn(4, 37)
+    x[1, 4] = x[1, 30] = x[1, 9]
+    f = lambda x: torch.sort(x, stable=True, dim=-1, descending=descending)
+    out, got = on_card(f, x)
+    want = f(x)
+    assert torch.equal(out[0], want.values) and torch.equal(out[1], want.indices)
+    assert not got.fallbacks and not compiled_fallbacks()
+    assert sorted(k.name for k in got.kernels if k.name.startswith("sort")) == \
+        ["sort_indices", "sort_rank", "sort_values"]
 
 
 def test_strict_mode_forbids_host_fallback_in_compiled_graph():
-    f = lambda x: torch.sort(x, -1).values + 1
+    f = lambda x: torch.median(x, -1).values + 1
     x = torch.randn(4, 9, device="spyre")
     with torch.spyre.fallback_mode("strict"), torch._inductor.config.patch(fx_graph_cache=False):
-        with pytest.raises(Exception, match=r"aten::sort.*no device kernel"):
+        with pytest.raises(Exception, match=r"aten::median.*no device kernel"):
             torch.compile(f)(x)
     torch._dynamo.reset()
     assert torch.compile(lambda x: x + 1)(x).device.type == "spyre"   # still usable

@@ -142,6 +142,12 @@ class LibraryKernel:
                                 source="inductor")
         elif self.kind == "histc":
             prog = self.builder(specs[0], p["bins"], p["lo"], p["hi"], specs[1], source="inductor")
+        elif self.kind == "sort_ranks":
+            prog = self.builder(specs[0], specs[1], p["descending"], source="inductor")
+        elif self.kind == "sort_select":
+            want = p["want"]
+            prog = self.builder(specs[0], specs[1], specs[2] if want == "values" else None,
+                                specs[2] if want == "indices" else None, name=f"sort_{want}", source="inductor")
         else:  # pragma: no cover - a new library kind must say how its arguments map
             raise NotImplementedError(f"library kernel {self.kind!r}")
         runtime.launch(prog, *tensors, source="inductor")

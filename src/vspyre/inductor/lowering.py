@@ -486,11 +486,35 @@ def _histc(x: Any, bins: int = 100, min: Any = 0, max: Any = 0) -> Any | None:
                          x.get_dtype(), x.get_device())
 
 
+def _sort(x: Any, stable: Any = None, dim: int = -1, descending: bool = False) -> Any | None:
+    """A stable sort along the last dim (up to ``SCAN_MAX``) as the card's two library programs:
+    the ranks (``vspyre.ir.library.sort_ranks``), then one node for the values and one for the
+    indices (``sort_select``; Inductor drops the one nothing reads). None: upstream (a fallback)."""
+    from ..ir.library import SCAN_MAX
+
+    if not _on_spyre(x):
+        return None
+    size = list(x.get_size())
+    if not size or int(dim) % len(size) != len(size) - 1 or not isinstance(size[-1], int) and not str(
+            size[-1]).isdigit() or int(size[-1]) > SCAN_MAX:
+        return None
+    device = x.get_device()
+    ranks = _library_node("sort_ranks", {"descending": bool(descending)}, [x], size, torch.int64, device)
+    values = _library_node("sort_select", {"want": "values"}, [x, ranks], size, x.get_dtype(), device)
+    indices = _library_node("sort_select", {"want": "indices"}, [x, ranks], size, torch.int64, device)
+    return values, indices
+
+
+def _sort_default(x: Any, dim: int = -1, descending: bool = False) -> Any | None:
+    return _sort(x, None, dim, descending)
+
+
 def _register_library_ops() -> None:
     """Ops Inductor leaves as fallbacks that the card has a library program for (the routing ops
     of mixture-of-experts models)."""
     lowerings = compat.get("inductor_lowering").lowerings
-    for op, ours in ((torch.ops.aten.topk.default, _topk), (torch.ops.aten.histc.default, _histc)):
+    for op, ours in ((torch.ops.aten.topk.default, _topk), (torch.ops.aten.histc.default, _histc),
+                     (torch.ops.aten.sort.stable, _sort), (torch.ops.aten.sort.default, _sort_default)):
         upstream = lowerings.get(op)
         if upstream is None or getattr(upstream, "_vspyre", False):
             continue

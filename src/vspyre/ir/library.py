@@ -480,19 +480,22 @@ def sort_ranks(x: Spec, ranks: Spec, descending: bool = False, name: str = "sort
 
 
 @functools.lru_cache(maxsize=1024)
-def sort_select(x: Spec, ranks: Spec, values: Spec, indices: Spec, name: str = "sort_select",
+def sort_select(x: Spec, ranks: Spec, values: Spec | None, indices: Spec | None, name: str = "sort_select",
                 source: str = "library") -> Program:
     """The second half: ``values[..., p]`` / ``indices[..., p]`` = the entry whose rank is ``p``
-    (exactly one per ``p``; a masked sum that adds only zeros besides it)."""
+    (exactly one per ``p``; a masked sum that adds only zeros besides it). Either output may be
+    left out (Inductor makes one node per result)."""
     b = ProgramBuilder(name, source=source)
     xb = b.input("x", *x)
     rb = b.input("ranks", *ranks)
-    vb = b.output("values", *values)
-    ib = b.output("indices", *indices)
+    vb = b.output("values", *values) if values is not None else None
+    ib = b.output("indices", *indices) if indices is not None else None
     lead, p, i = _rows(b, x[1], x[1][-1])
     hit = b.eq(b.load(rb, _idx(ranks[2], lead + [i])), b.index_value(p))
-    zero = False if x[0] == torch.bool else 0
-    v = b.reduce("sum", b.where(hit, b.load(xb, _idx(x[2], lead + [i])), zero), i)
-    b.store(vb, _idx(values[2], lead + [p]), b.to(v, x[0]))
-    b.store(ib, _idx(indices[2], lead + [p]), b.reduce("sum", b.where(hit, b.index_value(i), 0), i))
+    if vb is not None:
+        zero = False if x[0] == torch.bool else 0
+        v = b.reduce("sum", b.where(hit, b.load(xb, _idx(x[2], lead + [i])), zero), i)
+        b.store(vb, _idx(values[2], lead + [p]), b.to(v, x[0]))
+    if ib is not None:
+        b.store(ib, _idx(indices[2], lead + [p]), b.reduce("sum", b.where(hit, b.index_value(i), 0), i))
     return b.build()
