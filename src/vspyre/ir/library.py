@@ -349,20 +349,28 @@ def scatter_fill(x: Spec, idx: Spec, out: Spec, value: Any, name: str = "scatter
     return b.build()
 
 
+def _by_source_row(name: str, source: str, x: Spec, idx: Spec, src: Spec, out: Spec, what: str,
+                   wrap: bool) -> tuple:
+    """The frame index_add and index_put share: ``x``, the index, the sources and the output; the
+    output's dims, the sources' dim and each source's target row (range-checked on the card;
+    negative ones counted from the end with ``wrap``)."""
+    b = ProgramBuilder(name, source=source)
+    xb, ib, sb, ob = b.input("x", *x), b.input("idx", *idx), b.input("src", *src), b.output("out", *out)
+    dims = [b.dim(f"x{i}", n) for i, n in enumerate(x[1])]
+    j = b.rdim("r0", idx[1][0])
+    k = b.load(ib, idx[2][0] * j)
+    if wrap:
+        k = b.where(b.lt(k, 0), b.add(k, b.index_value(x[1][0])), k)
+    return b, xb, sb, ob, dims, j, _checked_index(b, k, x[1][0], what)
+
+
 @functools.lru_cache(maxsize=1024)
 def index_add(x: Spec, idx: Spec, src: Spec, out: Spec, alpha: Any = 1, name: str = "index_add",
               source: str = "library") -> Program:
     """``out = x.index_add(0, idx, src, alpha=alpha)``: ``out[r, ...] = x[r, ...] + alpha *
     sum_i [idx[i] == r] src[i, ...]``, a masked sum over the source rows (exact with repeated
     indices, no atomics; vector work rows x sources)."""
-    b = ProgramBuilder(name, source=source)
-    xb = b.input("x", *x)
-    ib = b.input("idx", *idx)
-    sb = b.input("src", *src)
-    ob = b.output("out", *out)
-    dims = [b.dim(f"x{i}", n) for i, n in enumerate(x[1])]
-    i = b.rdim("r0", idx[1][0])
-    k = _checked_index(b, b.load(ib, idx[2][0] * i), x[1][0], "index_add")
+    b, xb, sb, ob, dims, i, k = _by_source_row(name, source, x, idx, src, out, "index_add", wrap=False)
     v = b.where(b.eq(k, b.index_value(dims[0])), b.load(sb, src[2][0] * i + _idx(src[2][1:], dims[1:])), 0.0)
     acc = b.reduce("sum", v, i)
     if alpha != 1:
@@ -379,15 +387,7 @@ def index_put(x: Spec, idx: Spec, values: Spec, out: Spec, name: str = "index_pu
     where no index is ``r``. A masked max over the sources picks ``j`` (vector work rows x
     sources, no write conflicts; with repeated indices ATen leaves the winner unspecified, and the
     last one is what the CPU gives)."""
-    b = ProgramBuilder(name, source=source)
-    xb = b.input("x", *x)
-    ib = b.input("idx", *idx)
-    vb = b.input("values", *values)
-    ob = b.output("out", *out)
-    dims = [b.dim(f"x{i}", n) for i, n in enumerate(x[1])]
-    j = b.rdim("r0", idx[1][0])
-    k = b.load(ib, idx[2][0] * j)
-    k = _checked_index(b, b.where(b.lt(k, 0), b.add(k, b.index_value(x[1][0])), k), x[1][0], "index_put")
+    b, xb, vb, ob, dims, j, k = _by_source_row(name, source, x, idx, values, out, "index_put", wrap=True)
     last = b.reduce("max", b.where(b.eq(k, b.index_value(dims[0])), b.index_value(j), -1), j)
     has = b.ge(last, 0)
     row = b.where(has, last, 0)
