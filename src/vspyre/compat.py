@@ -119,6 +119,8 @@ HOOKS: dict[str, Hook] = {
     "OrderedSet": _H("torch._inductor.utils", "OrderedSet", "2.13", "Inductor's ordered set"),
     "get_kernel_metadata": _H("torch._inductor.utils", "get_kernel_metadata", "2.13",
                               "source comments above each kernel"),
+    "get_fused_kernel_name": _H("torch._inductor.utils", "get_fused_kernel_name", "2.13",
+                                "readable kernel names: the ATen ops a kernel fuses"),
     "sympy_subs": _H("torch._inductor.utils", "sympy_subs", "2.13", "index rewriting"),
     "inductor_config": _H("torch._inductor.config", None, "2.13", "Inductor settings the extension needs"),
     "library_utils": _H("torch._library.utils", None, "2.13",

@@ -7,7 +7,7 @@ from typing import Any
 import sympy
 
 from ..compat import (BackendFeature, IndentedBuffer, OrderedSet, SchedulerNode, SIMDScheduling, V,
-                      get_kernel_metadata, inductor_ir)
+                      get_fused_kernel_name, get_kernel_metadata, inductor_ir)
 from .kernel import SpyreKernel
 
 
@@ -42,7 +42,9 @@ class SpyreScheduling(SIMDScheduling):
         wrapper = V.graph.wrapper_code
         if src_code in wrapper.src_to_kernel:
             return wrapper.src_to_kernel[src_code]
-        fused = "_".join(sorted({str(n.get_name()) for n in node_schedule if isinstance(n, SchedulerNode)}))[:40]
+        # named after the ATen ops it fuses, as Inductor names its Triton kernels (profiles and
+        # reports show e.g. spyre_red_fused_add_mean_mul_pow_rsqrt_3)
+        fused = get_fused_kernel_name(node_schedule, "original_aten")[:60].strip("_") or "kernel"
         kernel_name = f"spyre_{'red' if kernel.inside_reduction else 'poi'}_{fused}_{wrapper.next_kernel_suffix()}"
         wrapper.src_to_kernel[src_code] = kernel_name
         wrapper.add_import_once("from vspyre.inductor.launcher import TileKernel")
