@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import sympy
 import torch
@@ -380,8 +380,14 @@ def const_value(v: Any, ndim: int) -> torch.Tensor:
     return t.view([1] * ndim)
 
 
-def index_tensor(v: Any, ndim: int) -> torch.Tensor:
-    """An evaluated index expression (a tensor, or an int where it does not vary) as a value."""
+def eval_index(fn: Callable, ar: Mapping[str, torch.Tensor], env: Mapping[str, torch.Tensor],
+               names: Sequence[str], ndim: int) -> torch.Tensor:
+    """A compiled index expression over the dims' aranges ``ar`` and the SSA values ``names`` it
+    reads from ``env``, as a value (a constant one broadcast over ``ndim`` dims)."""
+    E = dict(ar)
+    for n in names:
+        E[n] = env[n]
+    v = fn(E)
     return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64).view([1] * ndim)
 
 

@@ -390,10 +390,7 @@ class IndexValue(_Kind):
 
     def _eval(self, fn: Callable, ar: dict, env: dict, ndim: int) -> torch.Tensor:
         S = _sem()
-        E = dict(ar)
-        for n in self.inputs:
-            E[n] = env[n]
-        return S._cast_fn(self.dtype)(S.index_tensor(fn(E), ndim))
+        return S._cast_fn(self.dtype)(S.eval_index(fn, ar, env, self.inputs, ndim))
 
     def fast(self, i: int, fx) -> Callable:
         fn, out, ndim, ar = compile_expr(fx.subst(self.expr)), self.out, fx.ndim, fx.ar

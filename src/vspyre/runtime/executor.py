@@ -26,7 +26,7 @@ import torch
 
 from .. import hardware
 from ..ir.indexing import affine_form, compile_expr, free_names, sym
-from ..ir.ops import DeviceAssertError, const_value, index_tensor
+from ..ir.ops import DeviceAssertError, const_value, eval_index
 from ..ir.planning import resolve
 from ..ir.schedule import (Schedule, ScheduleError, bind_sizes, iter_tiles, live_bytes, op_rules, runs_at)
 from ..ir.program import STATE, Compute, Load, Matmul, Program, ProgramError, RingReduce, SoftmaxMatmul, Store, _bind
@@ -246,12 +246,7 @@ class _FastCtx:
         indirect = sorted(n for n in free_names(expr) if n.startswith("%"))
         fn, ar, ndim = compile_expr(expr), self.ar, self.ndim
 
-        def index_of(env):
-            E = dict(ar)
-            for n in indirect:
-                E[n] = env[n]
-            return index_tensor(fn(E), ndim)
-        return index_of
+        return lambda env: eval_index(fn, ar, env, indirect, ndim)
 
 
 def _compile_fast(bd: Bound, region: list[tuple[int, int]] | None = None) -> list[Callable]:
@@ -505,10 +500,7 @@ class _Checked:
 
     def index(self, i: int, env, ar) -> torch.Tensor:
         fn, ind = self.exprs[i]
-        E = dict(ar)
-        for n in ind:
-            E[n] = env[n]
-        return index_tensor(fn(E), self.ndim)
+        return eval_index(fn, ar, env, ind, self.ndim)
 
     def _bounds(self, i: int, what: str, idx: torch.Tensor, span: int, tile) -> None:
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= span):
