@@ -285,16 +285,14 @@ def _bridge_dtype(op: Any, info: "_OpInfo", name: str, args: list, kwargs: dict,
             dst.resize_(t.shape)
         dst.copy_(cast(t, dst.dtype))
         back[id(t)] = dst
-    if want is None:
-        return _map(lambda x: back.get(id(x), cast(x, dt) if isinstance(x, torch.Tensor) and x.dtype == wide else x),
-                    out)
     wants: list[torch.dtype] = []
-    _map(lambda w: wants.append(w.dtype), want)
+    if want is not None:
+        _map(lambda w: wants.append(w.dtype), want)
     order = iter(wants)
 
     def fix(x: torch.Tensor) -> torch.Tensor:      # called for each result tensor, in order
-        d = next(order, None)
-        if id(x) in back:
+        d = next(order, None) if want is not None else (dt if x.dtype == wide else None)
+        if id(x) in back:                          # a written argument: already cast back
             return back[id(x)]
         return cast(x, d) if d is not None and x.dtype != d else x
     return _map(fix, out)
