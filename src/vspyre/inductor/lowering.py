@@ -495,8 +495,8 @@ def _sort(x: Any, stable: Any = None, dim: int = -1, descending: bool = False) -
     if not _on_spyre(x):
         return None
     size = list(x.get_size())
-    if not size or int(dim) % len(size) != len(size) - 1 or not isinstance(size[-1], int) and not str(
-            size[-1]).isdigit() or int(size[-1]) > SCAN_MAX:
+    static = bool(size) and (isinstance(size[-1], int) or getattr(size[-1], "is_number", False))
+    if not static or int(dim) % len(size) != len(size) - 1 or int(size[-1]) > SCAN_MAX:
         return None
     device = x.get_device()
     ranks = _library_node("sort_ranks", {"descending": bool(descending)}, [x], size, torch.int64, device)

@@ -277,9 +277,8 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
     if key not in cache:
         cache[key] = variants(p, sizes) if relayout is None else [p]
     stored = _stored(p, cache[key], sizes, cfg, persistent) if searched and plan_cache.enabled() else None
-    if stored is not None:
-        if isinstance(stored, Schedule):
-            return stored
+    if isinstance(stored, Schedule):
+        return stored
     for v in cache[key]:
         for rl in ([frozenset(relayout)] if relayout is not None else relayouts(v, sizes)):
             try:
