@@ -10,6 +10,8 @@
 // Every other ATen op reaches the Python host fallback (vspyre/device/fallback.py).
 
 #include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -106,7 +108,10 @@ static std::string fmt_bytes(int64_t b) {
   return os.str();
 }
 
-class SpyreAllocator final : public c10::Allocator {
+// A c10::DeviceAllocator, so torch.accelerator's memory calls (empty_cache, memory stats,
+// get_memory_info) work for the card as for CUDA. There is no cache: a freed block goes back at
+// once, so empty_cache has nothing to do and reserved equals allocated.
+class SpyreAllocator final : public c10::DeviceAllocator {
  public:
   SpyreAllocator() : stats_(kMaxCards) {}
 
@@ -238,6 +243,39 @@ class SpyreAllocator final : public c10::Allocator {
     stats_[dev].live_blocks_peak = stats_[dev].live_blocks;
   }
 
+  // -- c10::DeviceAllocator ---------------------------------------------------------------
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex dev) override {
+    CardStats s = stats(dev);
+    c10::CachingDeviceAllocator::DeviceStats out;
+    auto fill = [](c10::CachingDeviceAllocator::StatArray& a, int64_t cur, int64_t peak, int64_t in, int64_t freed) {
+      auto& st = a[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+      st.current = cur;
+      st.peak = peak;
+      st.allocated = in;
+      st.freed = freed;
+    };
+    fill(out.allocated_bytes, s.allocated, s.peak, s.total_allocated, s.total_freed);
+    fill(out.reserved_bytes, s.allocated, s.peak, s.total_allocated, s.total_freed);
+    fill(out.active_bytes, s.allocated, s.peak, s.total_allocated, s.total_freed);
+    fill(out.requested_bytes, s.requested, s.requested_peak, s.total_allocated, s.total_freed);
+    fill(out.allocation, s.live_blocks, s.live_blocks_peak, s.num_allocs, s.num_frees);
+    fill(out.segment, s.live_blocks, s.live_blocks_peak, s.num_allocs, s.num_frees);
+    fill(out.active, s.live_blocks, s.live_blocks_peak, s.num_allocs, s.num_frees);
+    out.num_device_alloc = s.num_allocs;
+    out.num_device_free = s.num_frees;
+    out.num_ooms = s.num_ooms;
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex dev) override { reset_accumulated(dev); }
+  void resetPeakStats(c10::DeviceIndex dev) override { reset_peak(dev); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex dev) override {
+    CardStats s = stats(dev);
+    return {static_cast<size_t>(std::max<int64_t>(0, s.capacity - s.allocated)), static_cast<size_t>(s.capacity)};
+  }
+
   void reset_accumulated(c10::DeviceIndex dev) {
     check_index(dev);
     std::lock_guard<std::mutex> lock(mu_);
@@ -256,6 +294,30 @@ static SpyreAllocator g_allocator;
 void SpyreAllocator::deleter(void* ptr) { g_allocator.release(ptr); }
 
 REGISTER_ALLOCATOR(kSpyre, &g_allocator);
+
+// The card's host allocator (torch.accelerator's host-cache calls, e.g. empty_host_cache, which
+// vLLM makes at shutdown, look it up for the accelerator). Host memory of a virtual card needs no
+// pinning: blocks are plain aligned host memory, freed at once, so there is no cache to empty.
+class SpyreHostAllocator final : public at::HostAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? std::aligned_alloc(128, (nbytes + 127) / 128 * 128) : nullptr;
+    TORCH_CHECK_WITH(OutOfMemoryError, nbytes == 0 || p != nullptr, "spyre: host allocation of ", nbytes,
+                     " bytes failed");
+    return {p, p, &SpyreHostAllocator::deleter, c10::Device(c10::DeviceType::CPU)};
+  }
+  static void deleter(void* p) { std::free(p); }
+  c10::DeleterFnPtr raw_deleter() const override { return &SpyreHostAllocator::deleter; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+  bool record_event(void* /*ptr*/, void* /*ctx*/, c10::Stream /*stream*/) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+};
+
+static SpyreHostAllocator g_host_allocator;
+REGISTER_HOST_ALLOCATOR(kSpyre, &g_host_allocator);
 
 // ------------------------------------------------------------------------------------------
 // Device guard: synchronous streams (one per card), events stamped with host time
