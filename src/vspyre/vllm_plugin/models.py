@@ -1,0 +1,89 @@
+"""The models the plugin serves: transformers' own decoder implementations, with attention over
+the paged KV cache.
+
+transformers lets a backend plug in its attention (``AttentionInterface``): every decoder layer
+then calls :func:`paged_attention_forward` with its queries, keys and values after the family's
+own projections, norms and rotary embedding (Llama's, Granite's multipliers, Qwen's biases and
+q/k norms, Mistral's sliding window all stay transformers' code). The function hands them to
+``torch.ops.spyre.paged_attention`` with the step's block table (the keyword argument ``spyre_paged``
+the model runner passes through the model's forward), which writes the new keys and values into
+the layer's cache blocks and attends over them on the card. No causal mask is built: a backend
+not in transformers' mask registry gets none, and the op masks by position itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ATTN_IMPLEMENTATION = "spyre_paged"
+
+# transformers model_type -> what the family brings that the plugin handles
+SUPPORTED_FAMILIES = {
+    "llama": "RoPE (and Llama-3 rope scaling), RMSNorm, SwiGLU, grouped-query attention",
+    "granite": "Llama-like with embedding/attention/residual/logit multipliers",
+    "mistral": "Llama-like with a sliding attention window",
+    "qwen2": "Llama-like with q/k/v biases and per-layer sliding windows",
+    "qwen3": "Llama-like with q/k RMSNorm",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """A model the plugin refuses at start-up (the message names the family or feature)."""
+
+
+def check_family(hf_config: Any) -> None:
+    mt = getattr(hf_config, "model_type", None)
+    if mt not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"vspyre vLLM plugin: model family {mt!r} ({', '.join(getattr(hf_config, 'architectures', None) or [])}) "
+            f"is not supported; supported decoder families: {', '.join(sorted(SUPPORTED_FAMILIES))}")
+    if getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0):
+        raise UnsupportedModelError(f"vspyre vLLM plugin: mixture-of-experts models ({mt}) are not supported")
+
+
+def geometry(hf_config: Any) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) of a decoder config."""
+    heads = hf_config.num_attention_heads
+    kvh = getattr(hf_config, "num_key_value_heads", None) or heads
+    hd = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return hf_config.num_hidden_layers, kvh, hd
+
+
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
+                            sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature (``query`` ``[1, heads, tokens, head_dim]``, the step's
+    tokens flattened into one row) -> ``[1, tokens, heads, head_dim]``."""
+    meta = kwargs.get("spyre_paged")
+    if meta is None:
+        raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside the vspyre vLLM model runner "
+                           "(it needs the step's block table: the spyre_paged keyword argument)")
+    if dropout:
+        raise ValueError(f"{ATTN_IMPLEMENTATION} attention: dropout={dropout} (inference only)")
+    k_cache, v_cache = meta["kv_caches"][module.layer_idx]
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out = torch.ops.spyre.paged_attention(q, k, v, k_cache, v_cache, meta["slot_mapping"], meta["block_table"],
+                                          meta["query_start_loc"], meta["seq_lens"], scale, int(sliding_window or 0))
+    return out.unsqueeze(0), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    import vspyre.runtime.paged  # noqa: F401 - defines torch.ops.spyre.paged_attention
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
+
+
+def load(path: str, dtype: torch.dtype, device: torch.device, revision: str | None = None) -> torch.nn.Module:
+    """The causal LM in ``path`` (config.json + safetensors), weights on ``device``, attention paged."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    register_attention()
+    cfg = AutoConfig.from_pretrained(path, revision=revision)
+    check_family(cfg)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION,
+                                                 revision=revision)
+    return model.eval().to(device)

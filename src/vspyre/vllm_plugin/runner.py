@@ -1,0 +1,309 @@
+"""The model runner: takes vLLM's scheduler output for one step, runs the step on the card, returns
+the sampled tokens.
+
+What the scheduler decides (which requests run, how many tokens each: a prefill chunk, a decode
+token; which KV-cache blocks each owns; prefix-cache hits) arrives in ``SchedulerOutput``; the
+runner only keeps each request's token ids and block ids, lays the step out as vLLM's flattened
+batch (all scheduled tokens in one row, ``query_start_loc``, ``seq_lens``, a block table, a slot
+per token) and runs ONE compiled graph: the model with paged attention, then the logits of each
+sequence's last token. Greedy requests pick their token on the card (``argmax``); sampled ones
+copy their logits row to the host and use vLLM's own top-k/top-p and sampling functions.
+
+Shapes are padded to buckets so a handful of graphs serve every step: tokens to a power of two
+(at least 16, at most the step budget), sequences and block-table width to powers of two (at
+least 2, so no size specialises to 1); padding tokens write no cache slot (slot -1) and padding
+sequences have no token. The graph is compiled once with those sizes symbolic (``mark_dynamic``),
+by Inductor with the card's extension or by the standalone compiler (``VSPYRE_VLLM_BACKEND``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import backend as _backend
+from . import models
+
+log = logging.getLogger("vspyre.vllm")
+
+MIN_TOKENS_BUCKET = 16
+
+
+def _bucket(n: int, lo: int, hi: int | None = None) -> int:
+    b = max(lo, 1 << max(0, (n - 1).bit_length()))
+    return max(n, min(b, hi)) if hi is not None else b
+
+
+@dataclass
+class _Request:
+    req_id: str
+    token_ids: list[int]            # prompt, then every token sampled so far
+    num_prompt: int
+    block_ids: list[int]
+    num_computed: int
+    params: Any                     # vllm.SamplingParams
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class StepStats:
+    """What the runner did, for the start-up report, tests and benchmarks."""
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    padded_tokens: int = 0
+    wall_s: float = 0.0
+    device_est_us: float = 0.0
+    host_fallbacks: int = 0
+    graphs: int = 0
+    compile_s: float = 0.0
+    shapes: set = field(default_factory=set)
+    per_step: list = field(default_factory=list)    # (kind, tokens, seqs, wall_s, est_us, fallbacks)
+
+
+class SpyreModelRunner:
+    def __init__(self, vllm_config: Any, device: torch.device):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.device = device
+        self.dtype = self.model_config.dtype
+        self.block_size = self.cache_config.block_size
+        self.max_tokens = self.scheduler_config.max_num_batched_tokens
+        self.max_seqs = self.scheduler_config.max_num_seqs
+        self.max_blocks = -(-self.model_config.max_model_len // self.block_size)
+        self.backend = _backend()
+        self.requests: dict[str, _Request] = {}
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.model: torch.nn.Module | None = None
+        self.stats = StepStats()
+        self._compiled: Any = None
+        n_layers, self.kv_heads, self.head_dim = models.geometry(self.model_config.hf_config)
+        self.num_layers = n_layers
+
+    # ------------------------------------------------------------------ model and cache
+    def load_model(self) -> None:
+        t0 = time.perf_counter()
+        self.model = models.load(self.model_config.model, self.dtype, self.device, self.model_config.revision)
+        log.info("vspyre: loaded %s (%s, %s) on %s in %.1f s", self.model_config.model,
+                 self.model_config.hf_config.model_type, self.dtype, self.device, time.perf_counter() - t0)
+
+    def layer_names(self) -> list[str]:
+        return [f"model.layers.{i}.self_attn" for i in range(self.num_layers)]
+
+    def cache_block_bytes(self) -> int:
+        """Device bytes of one KV-cache block over all layers (keys and values)."""
+        return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        shape = (num_blocks, self.block_size, self.kv_heads, self.head_dim)
+        self.kv_caches = [(torch.empty(shape, dtype=self.dtype, device=self.device),
+                           torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]
+        self.num_blocks = num_blocks
+        log.info("vspyre: KV cache of %d blocks x %d tokens (%d layers, %d kv heads x %d, %s): %.2f GiB on %s",
+                 num_blocks, self.block_size, self.num_layers, self.kv_heads, self.head_dim, self.dtype,
+                 num_blocks * self.cache_block_bytes() / 2**30, self.device)
+
+    # ------------------------------------------------------------------ the step graph
+    def _forward(self, input_ids, positions, logits_indices, slot_mapping, block_table, query_start_loc, seq_lens,
+                 kv_caches):
+        meta = {"slot_mapping": slot_mapping, "block_table": block_table, "query_start_loc": query_start_loc,
+                "seq_lens": seq_lens, "kv_caches": kv_caches}
+        out = self.model(input_ids=input_ids, position_ids=positions, logits_to_keep=logits_indices,
+                         use_cache=False, spyre_paged=meta)
+        return out.logits[0]
+
+    def _graph(self) -> Any:
+        if self._compiled is None:
+            if self.backend == "eager":
+                self._compiled = self._forward
+            else:
+                kw = {"backend": "spyre_standalone"} if self.backend == "standalone" else {}
+                self._compiled = torch.compile(self._forward, **kw)
+        return self._compiled
+
+    def _run(self, inputs: tuple) -> torch.Tensor:
+        from .. import compat
+
+        ids, pos, li, slot, bt, qsl, sl = inputs
+        if self.backend != "eager":
+            for t, dims in ((ids, (1,)), (pos, (1,)), (slot, (0,)), (li, (0,)), (bt, (0, 1)), (qsl, (0,)), (sl, (0,))):
+                for d in dims:
+                    compat.mark_dynamic(t, d)
+        graphs = compat.get("dynamo_counters")["stats"]
+        g0, t0 = graphs["unique_graphs"], time.perf_counter()
+        with torch.no_grad():
+            out = self._graph()(*inputs, self.kv_caches)
+        new = graphs["unique_graphs"] - g0
+        if new > 0:
+            dt = time.perf_counter() - t0
+            self.stats.graphs += new
+            self.stats.compile_s += dt
+            log.info("vspyre: compiled the step graph for the card with %s (%d graph%s, tokens %d, sequences %d, "
+                     "block table %d wide; sizes symbolic) in %.1f s", self.backend, new, "s" * (new > 1),
+                     ids.shape[1], li.shape[0], bt.shape[1], dt)
+        return out
+
+    def _inputs(self, seqs: list[tuple[list[int], list[int], int, int]]) -> tuple:
+        """Device inputs of a step. ``seqs``: (token ids of the step, block ids, tokens before
+        them, tokens after them) per sequence."""
+        S = _bucket(len(seqs), 2, max(self.max_seqs, 2))
+        real_t = sum(len(s[0]) for s in seqs)
+        T = _bucket(real_t + (S - len(seqs)), MIN_TOKENS_BUCKET, max(self.max_tokens, MIN_TOKENS_BUCKET))
+        # every sequence's query count must stay within T - S + 1 (the paged-attention program's bound)
+        while max((len(s[0]) for s in seqs), default=0) > T - S + 1:
+            T *= 2
+        need_blocks = max((-(-s[3] // self.block_size) for s in seqs), default=1)
+        MB = _bucket(need_blocks, 2, max(self.max_blocks, 2))
+        ids = torch.zeros(1, T, dtype=torch.int64)
+        pos = torch.zeros(1, T, dtype=torch.int64)
+        slot = torch.full((T,), -1, dtype=torch.int64)
+        li = torch.zeros(S, dtype=torch.int64)
+        bt = torch.zeros(S, MB, dtype=torch.int32)
+        qsl = torch.zeros(S + 1, dtype=torch.int32)
+        sl = torch.zeros(S, dtype=torch.int32)
+        t = 0
+        for i, (toks, blocks, start, end) in enumerate(seqs):
+            n = len(toks)
+            ids[0, t:t + n] = torch.tensor(toks)
+            p = torch.arange(start, end)
+            pos[0, t:t + n] = p
+            blk = torch.tensor(blocks, dtype=torch.int64)
+            slot[t:t + n] = blk[p // self.block_size] * self.block_size + p % self.block_size
+            bt[i, :len(blocks)] = blk[:MB].to(torch.int32)
+            t += n
+            qsl[i + 1] = t
+            sl[i] = end
+            li[i] = t - 1
+        qsl[len(seqs) + 1:] = t
+        self.stats.padded_tokens += T - real_t
+        self.stats.shapes.add((T, S, MB))
+        return tuple(x.to(self.device) for x in (ids, pos, li, slot, bt, qsl, sl))
+
+    # ------------------------------------------------------------------ scheduler output -> step
+    def _update_states(self, so: Any) -> None:
+        for rid in so.finished_req_ids:
+            self.requests.pop(rid, None)
+        for rid in getattr(so, "preempted_req_ids", None) or ():
+            pass                                                  # resumed later with fresh block ids
+        for nr in so.scheduled_new_reqs:
+            gen = None
+            sp = nr.sampling_params
+            if sp is not None and sp.seed is not None:
+                gen = torch.Generator().manual_seed(sp.seed)
+            toks = list(nr.prefill_token_ids or nr.prompt_token_ids or [])
+            self.requests[nr.req_id] = _Request(nr.req_id, toks, len(nr.prompt_token_ids or []),
+                                                list(nr.block_ids[0]), nr.num_computed_tokens, sp, gen)
+        cr = so.scheduled_cached_reqs
+        for i, rid in enumerate(cr.req_ids):
+            r = self.requests[rid]
+            r.num_computed = cr.num_computed_tokens[i]
+            nb = cr.new_block_ids[i]
+            if rid in cr.resumed_req_ids:
+                r.block_ids = list(nb[0]) if nb is not None else []
+                if rid in cr.all_token_ids:
+                    r.token_ids = list(cr.all_token_ids[rid])
+            elif nb is not None:
+                r.block_ids.extend(nb[0])
+            n_out = cr.num_output_tokens[i]
+            if len(r.token_ids) > r.num_prompt + n_out:           # the scheduler rolled outputs back
+                del r.token_ids[r.num_prompt + n_out:]
+
+    def execute_model(self, so: Any) -> Any:
+        from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+        self._update_states(so)
+        if not so.total_num_scheduled_tokens:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        order = list(so.num_scheduled_tokens)
+        seqs, sample = [], []
+        for rid in order:
+            r = self.requests[rid]
+            n = so.num_scheduled_tokens[rid]
+            start, end = r.num_computed, r.num_computed + n
+            if end > len(r.token_ids):
+                raise RuntimeError(f"vspyre runner: request {rid} scheduled to token {end} but holds {len(r.token_ids)}")
+            seqs.append((r.token_ids[start:end], r.block_ids, start, end))
+            sample.append(end == len(r.token_ids))               # a partial prefill samples nothing
+        sampled = self._step(seqs, [self.requests[rid] for rid in order], sample)
+        out_tokens: list[list[int]] = []
+        for rid, tok in zip(order, sampled):
+            if tok is None:
+                out_tokens.append([])
+            else:
+                self.requests[rid].token_ids.append(tok)
+                out_tokens.append([tok])
+        return ModelRunnerOutput(req_ids=order, req_id_to_index={r: i for i, r in enumerate(order)},
+                                 sampled_token_ids=out_tokens)
+
+    def _step(self, seqs: list, reqs: list[_Request], sample: list[bool]) -> list[int | None]:
+        from ..runtime.profiler import profile
+
+        t0 = time.perf_counter()
+        inputs = self._inputs(seqs)
+        with profile(record_segments=False) as prof:
+            logits = self._run(inputs)
+            greedy = all(r.params is None or r.params.temperature < 1e-5 for r, s in zip(reqs, sample) if s)
+            if greedy:
+                ids = torch.argmax(logits, dim=-1).cpu().tolist()
+        if not greedy:
+            ids = self._sample_host(logits[:len(seqs)].float().cpu(), reqs, sample)
+        wall = time.perf_counter() - t0
+        est = prof.total_est_us + sum(f.est_us for f in prof.fallbacks)
+        fbs = len(prof.fallbacks)
+        st = self.stats
+        st.steps += 1
+        st.wall_s += wall
+        st.device_est_us += est
+        st.host_fallbacks += fbs
+        n_tok = sum(len(s[0]) for s in seqs)
+        decode = sum(1 for s, r in zip(seqs, reqs) if s[2] >= r.num_prompt)
+        st.decode_tokens += decode
+        st.prefill_tokens += n_tok - decode
+        kind = "decode" if decode == len(seqs) else ("prefill" if decode == 0 else "mixed")
+        st.per_step.append((kind, n_tok, len(seqs), wall, est, fbs))
+        return [int(ids[i]) if s else None for i, s in enumerate(sample)]
+
+    def _sample_host(self, logits: torch.Tensor, reqs: list[_Request], sample: list[bool]) -> list[int]:
+        """Temperature, top-k and top-p sampling on the host with vLLM's own functions."""
+        from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch, random_sample
+
+        out = logits.argmax(dim=-1).tolist()
+        rows = [i for i, (r, s) in enumerate(zip(reqs, sample)) if s and r.params is not None
+                and r.params.temperature >= 1e-5]
+        if not rows:
+            return out
+        x = logits[rows] / torch.tensor([reqs[i].params.temperature for i in rows])[:, None]
+        k = torch.tensor([reqs[i].params.top_k if reqs[i].params.top_k > 0 else x.shape[-1] for i in rows])
+        p = torch.tensor([reqs[i].params.top_p for i in rows], dtype=torch.float32)
+        x = apply_top_k_top_p_pytorch(x, k, p, allow_cpu_sync=True)
+        gens = {j: reqs[i].generator for j, i in enumerate(rows) if reqs[i].generator is not None}
+        picked = random_sample(torch.softmax(x, dim=-1, dtype=torch.float32), gens).tolist()
+        for j, i in enumerate(rows):
+            out[i] = int(picked[j])
+        return out
+
+    # ------------------------------------------------------------------ start-up
+    def dummy_inputs(self, tokens: int, seqs: int) -> list:
+        """A step of ``seqs`` sequences (one prefill of the remaining tokens, the rest one token
+        each) on block 0 (vLLM's null block, never given to a request)."""
+        seqs = max(1, min(seqs, tokens))
+        first = tokens - (seqs - 1)
+        out = [([0] * first, [0] * (-(-first // self.block_size)), 0, first)]
+        out += [([0], [0], 0, 1) for _ in range(seqs - 1)]
+        return out
+
+    def warm_up(self) -> float:
+        """Compile the step graph before serving (a mixed prefill + decode step, then a decode
+        batch, which must reuse it); returns the seconds spent compiling."""
+        c0 = self.stats.compile_s
+        for seqs in (self.dummy_inputs(min(self.max_tokens, 64), 3), self.dummy_inputs(4, 4)):
+            torch.argmax(self._run(self._inputs(seqs)), dim=-1).cpu()
+        self.stats.shapes.clear()
+        self.stats.padded_tokens = 0
+        return self.stats.compile_s - c0
