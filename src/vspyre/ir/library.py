@@ -34,10 +34,12 @@ from typing import Any
 import torch
 
 from .builder import ProgramBuilder
+from .indexing import FloorDiv, ModularIndexing, sym
 from .program import Program
 
-__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "histc", "index_add", "scan", "scatter_fill", "sort_ranks",
-           "sort_select", "spec_of", "topk"]
+__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "histc", "index_add", "kv_write", "paged_attend",
+           "paged_attention", "paged_attention_launches", "paged_positions", "paged_qmax", "scan", "scatter_fill",
+           "sort_ranks", "sort_select", "spec_of", "topk"]
 
 Spec = tuple  # (torch.dtype, shape tuple, strides tuple)
 
@@ -163,8 +165,6 @@ def conv(x: Spec, w: Spec, bias: Spec | None, out: Spec, stride: tuple[int, ...]
     touches are counted, not a stick per element); the bias is the matmul's epilogue. The Inductor
     extension lowers ``aten.convolution`` to the same form in Inductor's IR (so it fuses what
     follows); the standalone compiler launches this program."""
-    from .indexing import FloorDiv, ModularIndexing
-
     nd = len(x[1]) - 2
     if nd not in (1, 2) or len(w[1]) != nd + 2:
         raise ValueError(f"conv: {nd}-D input {x[1]} / weight {w[1]}: only 1-D and 2-D convolutions")
@@ -499,3 +499,265 @@ def sort_select(x: Spec, ranks: Spec, values: Spec | None, indices: Spec | None,
     if ib is not None:
         b.store(ib, _idx(indices[2], lead + [p]), b.reduce("sum", b.where(hit, b.index_value(i), 0), i))
     return b.build()
+
+
+# ------------------------------------------------------------------------------ paged attention
+# ``spyre::paged_attention`` (vspyre.runtime.paged): a step of vLLM's flattened batch attending over
+# a paged KV cache. Two programs per call: ``kv_write`` (the step's keys and values into the cache),
+# then ``paged_attention`` (the flash program reading the cache through the block table).
+
+def paged_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                    tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, position) of every token of the step; padding tokens get sequence -1."""
+    qsl = query_start_loc.to(torch.int64)
+    t = torch.arange(tokens, device=qsl.device)
+    seq = torch.searchsorted(qsl[1:], t, right=True)
+    valid = t < qsl[-1]
+    seq = torch.where(valid, seq, -1)
+    s = seq.clamp(min=0).clamp(max=max(seq_lens.shape[0] - 1, 0))
+    qlen = qsl[1:] - qsl[:-1]
+    pos = seq_lens.to(torch.int64)[s] - qlen[s] + (t - qsl[:-1][s])
+    return seq, torch.where(valid, pos, -1)
+
+
+def paged_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                 sliding_window: int = 0) -> torch.Tensor:
+    """The attention half of ``spyre::paged_attention`` in plain torch, fp32: every token's query
+    over its sequence's cached keys up to its own position (with ``sliding_window > 0`` only the
+    last ``sliding_window``), the keys read through the block table; ``[tokens, heads, head_dim]``,
+    0 for padding tokens. The op's CPU kernel (``vspyre.runtime.paged.reference``) is the cache
+    write and this; fast mode runs it as the attention program's host form."""
+    nb, bs, hkv, d = k_cache.shape
+    T, hq, _ = q.shape
+    g = hq // hkv
+    out = torch.zeros(T, hq, v_cache.shape[-1], dtype=torch.float32, device=q.device)
+    seq, pos = paged_positions(query_start_loc, seq_lens, T)
+    kflat, vflat = k_cache.reshape(nb * bs, hkv, d), v_cache.reshape(nb * bs, hkv, v_cache.shape[-1])
+    for s in range(block_table.shape[0]):
+        toks = (seq == s).nonzero().flatten()
+        n = int(seq_lens[s])
+        if toks.numel() == 0 or n == 0:
+            continue
+        ks = torch.arange(n, device=q.device)
+        rows = block_table[s].to(torch.int64)[ks // bs] * bs + ks % bs
+        kk = kflat[rows].float().repeat_interleave(g, dim=1)            # [n, hq, d]
+        vv = vflat[rows].float().repeat_interleave(g, dim=1)
+        qq = q[toks].float()                                           # [m, hq, d]
+        scores = torch.einsum("mhd,nhd->hmn", qq, kk) * scale
+        p = pos[toks][:, None]
+        visible = ks[None, :] <= p
+        if sliding_window > 0:
+            visible &= ks[None, :] > p - sliding_window
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        out[toks] = torch.einsum("hmn,nhd->mhd", torch.softmax(scores, dim=-1), vv)
+    return out
+
+
+def paged_qmax(tokens: int, seqs: int) -> int:
+    """The query dim of the paged-attention program: the most tokens one sequence can have in a
+    step of ``tokens`` tokens (padding included) and ``seqs`` sequences each with at least one,
+    ``tokens - seqs + 1``: 1 for a decode batch, ``tokens`` for a single prefill, the chunk's
+    length for one prefill chunk among decodes. From shapes only (a program is built without
+    reading values); the program checks on the card that no sequence has more."""
+    return max(1, tokens - seqs + 1)
+
+
+def _concrete(what: str, *sizes: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in sizes)
+    except TypeError:
+        raise ValueError(f"{what}: built per shape; got symbolic sizes {sizes}") from None
+
+
+def _paged_messages(qmax: int) -> dict[str, str]:
+    """The device-side checks of the paged-attention program (its host form raises the same)."""
+    op = "spyre::paged_attention"
+    return {
+        "ends": f"{op}: query_start_loc must start at 0 and end at most at the number of tokens",
+        "order": f"{op}: query_start_loc must not decrease",
+        "bound": f"{op}: a sequence has more tokens this step than T - S + 1 = {qmax} (the program's query bound "
+                 "for T tokens and S sequences: give every padding sequence a padding token)",
+        "len": f"{op}: a sequence's seq_len must be at least its tokens this step and at most the block "
+               "table's max_blocks * block_size",
+        "block": f"{op}: block_table names a block outside the cache",
+    }
+
+
+@functools.lru_cache(maxsize=1024)
+def kv_write(new: Spec, slots: Spec, cache: Spec, new2: Spec | None = None, cache2: Spec | None = None,
+             name: str = "kv_write", source: str = "library") -> Program:
+    """``cache[slot[t], h, d] = new[t, h, d]`` for every token ``t`` with ``slot[t] >= 0`` (and the
+    same from ``new2`` into ``cache2``: keys and values in one program). ``new`` is ``[T, H, D]``,
+    ``cache`` ``[num_blocks, block_size, H, D]`` (slot = block * block_size + offset); a store with
+    an indirect index, masked where the slot is negative (a padding token). A slot past the cache
+    stops the kernel; two tokens with one slot are a race (checked mode reports the double write)."""
+    pairs = [(new, cache)] + ([(new2, cache2)] if new2 is not None else [])
+    T, H, D = _concrete(name, *new[1])
+    NB, BS, Hc, Dc = _concrete(name, *cache[1])
+    for nw, c in pairs:
+        if tuple(nw[1]) != (T, H, D) or tuple(c[1]) != (NB, BS, H, D):
+            raise ValueError(f"{name}: new {nw[1]} and cache {c[1]} must be [T, H, D] and [blocks, block_size, H, D] "
+                             f"with T={T}, H={H}, D={D}, blocks={NB}, block_size={BS}")
+    if len(slots[1]) != 1 or slots[1][0] != T or slots[0].is_floating_point or slots[0] == torch.bool:
+        raise ValueError(f"{name}: slots must be [T={T}] integers, got {slots[1]} {slots[0]}")
+    b = ProgramBuilder(name, source=source)
+    refs = []
+    for j, (nw, c) in enumerate(pairs):
+        refs.append((b.input(f"new{j or ''}", *nw), nw))
+    sb = b.input("slots", *slots)
+    crefs = [(b.inout(f"cache{j or ''}", *c), c) for j, (_, c) in enumerate(pairs)]
+    t, h, d = b.dim("x0", T), b.dim("x1", H), b.dim("x2", D)
+    slot = b.load(sb, slots[2][0] * t)
+    keep = b.ge(slot, 0)
+    row = _checked_index(b, b.where(keep, slot, 0), NB * BS, "spyre::paged_attention: slot_mapping")
+    for (nref, nw), (cref, c) in zip(refs, crefs):
+        cs = c[2]
+        if cs[0] == BS * cs[1]:               # blocks of whole rows: the slot is the row
+            base = sym(row) * cs[1]
+        else:
+            base = sym(b.floordiv(row, BS)) * cs[0] + sym(b.mod(row, BS)) * cs[1]
+        v = b.load(nref, _idx(nw[2], [t, h, d]))
+        if nw[0] != c[0]:
+            v = b.to(v, c[0])
+        b.store(cref, base + cs[2] * h + cs[3] * d, v, mask=keep)
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def paged_attention(q: Spec, k_cache: Spec, v_cache: Spec, block_table: Spec, query_start_loc: Spec,
+                    seq_lens: Spec, out: Spec, scale: float, sliding_window: int = 0, name: str = "paged_attention",
+                    source: str = "library") -> Program:
+    """Attention of a step's tokens over a paged KV cache in ONE flash program (the caches already
+    hold the step's keys and values: :func:`kv_write` runs first).
+
+    ``q``/``out`` are ``[T, HQ, D]`` (tokens of all sequences, flattened), the caches ``[blocks,
+    block_size, H, D]``, ``block_table`` ``[S, max_blocks]``, ``query_start_loc`` ``[S + 1]``,
+    ``seq_lens`` ``[S]``. Iteration space: sequence ``s``, kv head ``h``, group ``g`` (query head
+    ``h * G + g``, grouped-query attention as in :class:`_Batch`), query ``i`` of the sequence (up
+    to ``paged_qmax(T, S)``), value dim ``e``; reductions: keys ``n`` (``N = max_blocks *
+    block_size``, walked by the online softmax) and the head dim ``d``. Query ``i`` of sequence
+    ``s`` is token ``query_start_loc[s] + i`` at position ``seq_lens[s] - q_len[s] + i``; key
+    ``n`` is row ``block_table[s, n // block_size] * block_size + n % block_size`` of the cache (an
+    indirect load that depends on ``(s, h, n, d)`` only: a sequence's keys are read once per kv
+    head, shared by its queries and its query heads). Masked: query slots ``i >= q_len[s]``, keys
+    past ``seq_lens[s]`` (not read), keys after the position or (``sliding_window > 0``) at or
+    before ``position - sliding_window``.
+
+    The output is written exactly once by construction: a query slot holds its token's result; the
+    free slots (``i >= q_len[s]``), taken in order, write 0 to the padding tokens
+    ``query_start_loc[S] ..`` (there are ``S * Qmax >= T`` slots). The program checks on the card
+    that the batch fits that form (``query_start_loc`` from 0, not decreasing, ending within the
+    tokens; ``q_len <= Qmax``, ``q_len <= seq_len <= N``; the block ids it reads inside the
+    cache). Fast mode computes the same value with :func:`paged_attend` (``HOST_FORMS``)."""
+    T, HQ, D = _concrete(name, *q[1])
+    NB, BS, H, Dk = _concrete(name, *k_cache[1])
+    E = _concrete(name, *v_cache[1])[3]
+    S, MB = _concrete(name, *block_table[1])
+    if Dk != D or tuple(v_cache[1][:3]) != (NB, BS, H) or HQ % H or tuple(out[1]) != (T, HQ, E):
+        raise ValueError(f"{name}: shapes q {q[1]}, k_cache {k_cache[1]}, v_cache {v_cache[1]}, out {out[1]} do not "
+                         "agree ([T, HQ, D], [blocks, block_size, H, D], [blocks, block_size, H, E], [T, HQ, E]; "
+                         "HQ a multiple of H)")
+    if tuple(query_start_loc[1]) != (S + 1,) or tuple(seq_lens[1]) != (S,) or S < 1:
+        raise ValueError(f"{name}: block_table {block_table[1]}, query_start_loc {query_start_loc[1]}, seq_lens "
+                         f"{seq_lens[1]}: one row, S + 1 starts and one length per sequence (S >= 1)")
+    G, N, Q = HQ // H, MB * BS, paged_qmax(T, S)
+    msg = _paged_messages(Q)
+    b = ProgramBuilder(name, source=source)
+    qb, kb, vb = b.input("q", *q), b.input("k_cache", *k_cache), b.input("v_cache", *v_cache)
+    btb, qlb, slb = b.input("block_table", *block_table), b.input("query_start_loc", *query_start_loc), \
+        b.input("seq_lens", *seq_lens)
+    ob = b.output("out", *out)
+    s, h, g, i, e = b.dim("x0", S), b.dim("x1", H), b.dim("x2", G), b.dim("x3", Q), b.dim("x4", E)
+    n = b.rdim("r1", N)         # keys: walked in tiles by the online softmax (outer of the two)
+    d = b.rdim("r0", D)         # head dim: the contraction of the scores (inner, whole)
+    (ls,), (ss,) = query_start_loc[2], seq_lens[2]
+    # the batch layout, checked on the card
+    first, total = b.load(qlb, 0), b.load(qlb, ls * S)
+    ends = b.device_assert(b.logical_and(b.eq(first, 0), b.le(total, T)), msg["ends"])
+    total = b.where(ends, total, 0)
+    start, end, seq_len = b.load(qlb, ls * s), b.load(qlb, ls * (s + 1)), b.load(slb, ss * s)
+    qlen = b.sub(end, start)
+    ok = b.logical_and(b.device_assert(b.ge(qlen, 0), msg["order"]), b.device_assert(b.le(qlen, Q), msg["bound"]))
+    ok = b.logical_and(ok, b.device_assert(b.logical_and(b.le(qlen, seq_len), b.le(seq_len, N)), msg["len"]))
+    qlen = b.where(ok, qlen, 0)
+    iv = b.index_value(i)
+    qmask = b.lt(iv, qlen)                                                   # (s, i): a real query
+    head = h * G + g
+    vq = b.load(qb, sym(start) * q[2][0] + i * q[2][0] + head * q[2][1] + d * q[2][2], mask=qmask, other=0.0)
+    # the keys through the block table: row block_table[s, n // BS] * BS + n % BS
+    nv = b.index_value(n)
+    kvalid = b.lt(nv, seq_len)                                               # (s, n)
+    blk = b.load(btb, block_table[2][0] * s + block_table[2][1] * FloorDiv(n, BS))
+    inside = b.logical_and(b.ge(blk, 0), b.lt(blk, NB))
+    bok = b.device_assert(b.logical_or(b.logical_not(kvalid), inside), msg["block"])
+    blk = b.where(b.logical_and(bok, kvalid), blk, 0)
+    off = ModularIndexing(n, 1, BS)
+    ks, vs = k_cache[2], v_cache[2]
+    vk = b.load(kb, sym(blk) * ks[0] + off * ks[1] + h * ks[2] + d * ks[3], mask=kvalid, other=0.0)
+    sc = b.matmul(vq, vk, d)
+    if scale != 1.0:
+        sc = b.mul(sc, float(scale))
+    pos = b.add(b.sub(seq_len, qlen), iv)                                    # (s, i)
+    visible = b.le(nv, pos)
+    if sliding_window > 0:
+        visible = b.logical_and(visible, b.gt(nv, b.sub(pos, int(sliding_window))))
+    sc = b.where(visible, sc, float("-inf"))
+    vv = b.load(vb, sym(blk) * vs[0] + off * vs[1] + h * vs[2] + e * vs[3], mask=kvalid, other=0.0)
+    y = b.softmax_matmul(sc, vv, n, zero_empty=True)
+    # every slot writes one token: its query's result, or (a free slot) 0 to the next padding token
+    tok = b.where(qmask, b.add(start, iv),
+                  b.add(b.sub(total, end), b.index_value(s * Q + i)))
+    os_ = out[2]
+    b.store(ob, sym(tok) * os_[0] + head * os_[1] + e * os_[2], b.to(b.where(qmask, y, 0.0), out[0]),
+            mask=b.lt(tok, T))
+    return b.build(host=("paged_attention", float(scale), int(sliding_window)))
+
+
+def _paged_host(p: Program, hosts: Any) -> None:
+    """What ``paged_attention``'s program computes, with :func:`paged_attend` on the host (fp32, one
+    rounding where it stores), after the same checks of the batch layout the program makes on the
+    card. Fast mode runs this; checked mode runs the program tile by tile."""
+    from .. import numerics
+    from .ops import DeviceAssertError, host_value
+
+    _, scale, window = p.meta["host"]
+    q, kc, vc, bt, qsl, sl, out = hosts
+    T, S, NB, BS = q.shape[0], bt.shape[0], kc.shape[0], kc.shape[1]
+    msg = _paged_messages(paged_qmax(T, S))
+    qsl, sl, bt = host_value(qsl), host_value(sl), host_value(bt)
+    qlen = qsl[1:] - qsl[:-1]
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise DeviceAssertError(f"program {p.name}: device-side assertion failed: {msg[what]}")
+
+    need(int(qsl[0]) == 0 and int(qsl[-1]) <= T, "ends")
+    need(bool((qlen >= 0).all()), "order")
+    need(bool((qlen <= paged_qmax(T, S)).all()), "bound")
+    need(bool(((qlen <= sl) & (sl <= bt.shape[1] * BS)).all()), "len")
+    used = torch.arange(bt.shape[1] * BS)[None, :] < sl[:, None]
+    blocks = bt.repeat_interleave(BS, dim=1)
+    need(bool(((blocks >= 0) & (blocks < NB) | ~used).all()), "block")
+    y = paged_attend(q, kc, vc, bt, qsl, sl, scale, window)
+    out.copy_(numerics.store_cast(y, out.dtype))
+
+
+HOST_FORMS["paged_attention"] = _paged_host
+
+
+@functools.lru_cache(maxsize=1024)
+def paged_attention_launches(q: Spec, k: Spec, v: Spec, k_cache: Spec, v_cache: Spec, slot_mapping: Spec,
+                             block_table: Spec, query_start_loc: Spec, seq_lens: Spec, out: Spec, scale: float,
+                             sliding_window: int = 0, source: str = "library") -> tuple[tuple[Program, tuple[int, ...]], ...]:
+    """The programs of one ``spyre::paged_attention`` call in launch order, each with the positions
+    of its tensors among ``(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc,
+    seq_lens, out)``: :func:`kv_write` (keys and values), then :func:`paged_attention`. Every path
+    (eager kernels, the standalone compiler, the Inductor extension) launches these. A step
+    without tokens launches nothing."""
+    if _concrete("paged_attention", q[1][0])[0] == 0:
+        return ()
+    write = kv_write(k, slot_mapping, k_cache, v, v_cache, source=source)
+    attend = paged_attention(q, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, float(scale),
+                             int(sliding_window), source=source)
+    return (write, (1, 2, 5, 3, 4)), (attend, (0, 3, 4, 6, 7, 8, 9))

@@ -422,6 +422,8 @@ def run_fast(bd: Bound, hosts: Sequence[torch.Tensor]) -> None:
         from ..ir.library import HOST_FORMS
         try:
             HOST_FORMS[host[0]](bd.program, hosts)
+        except DeviceAssertError:         # the program's own device-side checks, made on the host
+            raise
         except (RuntimeError, IndexError, TypeError, ValueError) as e:
             raise RuntimeError(f"program {bd.program.name}: {type(e).__name__}: {e}") from e
         return

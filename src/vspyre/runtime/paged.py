@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ir.library import paged_attend, paged_positions as positions_of
+
 __all__ = ["paged_attention", "reference", "positions_of"]
 
 _LIB = torch.library.Library("spyre", "FRAGMENT")  # noqa: TOR901 - the namespace's own library
@@ -62,50 +64,19 @@ def _check(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc
     need(k.dtype == v.dtype == k_cache.dtype == v_cache.dtype, "k, v and the caches must have one dtype")
 
 
-def positions_of(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequence, position) of every token of the step; padding tokens get sequence -1."""
-    qsl = query_start_loc.to(torch.int64)
-    t = torch.arange(tokens, device=qsl.device)
-    seq = torch.searchsorted(qsl[1:], t, right=True)
-    valid = t < qsl[-1]
-    seq = torch.where(valid, seq, -1)
-    s = seq.clamp(min=0).clamp(max=max(seq_lens.shape[0] - 1, 0))
-    qlen = qsl[1:] - qsl[:-1]
-    pos = seq_lens.to(torch.int64)[s] - qlen[s] + (t - qsl[:-1][s])
-    return seq, torch.where(valid, pos, -1)
-
-
 def reference(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, scale: float,
               sliding_window: int = 0) -> torch.Tensor:
-    """The op in plain torch (fp32 inside, the result in q's dtype); writes the caches."""
+    """The op in plain torch (fp32 inside, the result in q's dtype); writes the caches. The
+    attention half is ``vspyre.ir.library.paged_attend``, which the card's fast mode also runs as
+    the attention program's host form."""
     _check(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens)
     nb, bs, hkv, d = k_cache.shape
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
     k_cache.view(nb * bs, hkv, d)[slots[keep]] = k[keep]
     v_cache.view(nb * bs, hkv, d)[slots[keep]] = v[keep]
-    T, hq, _ = q.shape
-    g = hq // hkv
-    out = torch.zeros(T, hq, d, dtype=torch.float32, device=q.device)
-    seq, pos = positions_of(query_start_loc, seq_lens, T)
-    for s in range(block_table.shape[0]):
-        toks = (seq == s).nonzero().flatten()
-        n = int(seq_lens[s])
-        if toks.numel() == 0 or n == 0:
-            continue
-        ks = torch.arange(n, device=q.device)
-        rows = block_table[s].to(torch.int64)[ks // bs] * bs + ks % bs
-        kk = k_cache.view(nb * bs, hkv, d)[rows].float().repeat_interleave(g, dim=1)   # [n, hq, d]
-        vv = v_cache.view(nb * bs, hkv, d)[rows].float().repeat_interleave(g, dim=1)
-        qq = q[toks].float()                                                           # [m, hq, d]
-        scores = torch.einsum("mhd,nhd->hmn", qq, kk) * scale
-        p = pos[toks][:, None]
-        visible = ks[None, :] <= p
-        if sliding_window > 0:
-            visible &= ks[None, :] > p - sliding_window
-        scores = scores.masked_fill(~visible[None], float("-inf"))
-        out[toks] = torch.einsum("hmn,nhd->mhd", torch.softmax(scores, dim=-1), vv)
-    return out.to(q.dtype)
+    return paged_attend(q, k_cache, v_cache, block_table, query_start_loc, seq_lens, scale,
+                        sliding_window).to(q.dtype)
 
 
 @torch.library.register_fake("spyre::paged_attention", lib=_LIB)
