@@ -202,7 +202,8 @@ _NATIVE = {aten.copy.default, aten.fill.Scalar, aten.fill.Tensor, aten.empty.mem
            aten.clone.default, aten.lift_fresh_copy.default, aten.alias_copy.default, aten.embedding.default,
            aten.arange.default, aten.arange.start}
 _PER_SHAPE = {aten.convolution.default, aten.arange.start_step,
-              aten._scaled_dot_product_fused_attention_overrideable.default}
+              aten._scaled_dot_product_fused_attention_overrideable.default,
+              torch.ops.spyre.paged_attention.default}      # defined by vspyre.runtime.paged (standalone's table)
 # device-layer Python kernels this layer supplies the device kernel of (fallback.set_device_kernel)
 _HOOKED = {aten.native_layer_norm.default: aten.native_layer_norm.default,
            aten.convolution_overrideable.default: aten.convolution.default,
@@ -424,15 +425,27 @@ def _kernel(fop: Any, called: Any, kind: str, make: Callable, applies: Callable 
     return kernel
 
 
-_lib: torch.library.Library | None = None
+_libs: dict[str, torch.library.Library] | None = None
+
+
+def _impl_name(op: torch._ops.OpOverload) -> str:
+    return op._schema.name.split("::")[-1] + (f".{op._overloadname}" if op._overloadname != "default" else "")
 
 
 def register() -> None:
     """Install the eager device kernels (idempotent)."""
-    global _lib
-    if _lib is not None:
+    global _libs
+    if _libs is not None:
         return
-    lib = torch.library.Library("aten", "IMPL")
+    libs: dict[str, torch.library.Library] = {}
+
+    def lib(op: torch._ops.OpOverload) -> torch.library.Library:
+        """The IMPL library of the op's namespace (aten; spyre for the card's own ops)."""
+        ns = op._schema.name.split("::")[0]
+        if ns not in libs:
+            libs[ns] = torch.library.Library(ns, "IMPL")  # noqa: TOR901 - kernels for the card's dispatch key
+        return libs[ns]
+
     hooked_by = {v: k for k, v in _HOOKED.items()}
     for fop, (kind, make, applies) in _entries().items():
         variants = _variants(fop)
@@ -443,12 +456,9 @@ def register() -> None:
             dev_fallback.set_device_kernel(op_name(called), _kernel(fop, called, kind, make, applies, "functional",
                                                                     hooked=True))
             continue
-        lib.impl(fop._schema.name.split("::")[-1] + (f".{fop._overloadname}" if fop._overloadname != "default"
-                                                     else ""), _kernel(fop, fop, kind, make, applies, "functional"),
-                 "PrivateUse1")
+        lib(fop).impl(_impl_name(fop), _kernel(fop, fop, kind, make, applies, "functional"), "PrivateUse1")
         for v, form in variants:
             if _composite(v):
                 continue
-            lib.impl(v._schema.name.split("::")[-1] + (f".{v._overloadname}" if v._overloadname != "default" else ""),
-                     _kernel(fop, v, kind, make, applies, form), "PrivateUse1")
-    _lib = lib
+            lib(v).impl(_impl_name(v), _kernel(fop, v, kind, make, applies, form), "PrivateUse1")
+    _libs = libs

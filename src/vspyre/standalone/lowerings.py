@@ -28,6 +28,7 @@ from . import kernels as K
 from .kernels import spec
 from ..ir import library
 from ..ir.ops import OPS
+from ..runtime import paged as _paged  # noqa: F401 - defines torch.ops.spyre.paged_attention
 from ..trace import op_name
 
 aten = torch.ops.aten
@@ -796,6 +797,26 @@ def _sdpa(node):
     return run
 
 
+# ------------------------------------------------------------------------------ paged attention (vLLM)
+@register([torch.ops.spyre.paged_attention.default], "kernel",
+          "paged attention (vLLM's batch over a paged KV cache): the step's keys and values into the cache "
+          "(library.kv_write), then one flash program reading the cache through the block table "
+          "(library.paged_attention)")
+def _paged_attention(node):
+    def run(ctx, q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, scale,
+            sliding_window=0):
+        out = ctx.alloc(tuple(q.shape), q.dtype)
+        ts = (q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, out)
+        specs = tuple(spec(t) for t in ts)
+        launches = ctx.memo(("paged_attention", specs, float(scale), int(sliding_window)),
+                            lambda: library.paged_attention_launches(*specs, float(scale), int(sliding_window),
+                                                                     source=K.SOURCE))
+        for prog, idx in launches:
+            ctx.launch(prog, *[ts[i] for i in idx])
+        return out
+    return run
+
+
 # ------------------------------------------------------------------------------ routing (mixture of experts)
 # Library programs (vspyre.ir.library) built from ctx.spec: concrete specs in compiled graphs, size
 # symbols for eager kernels (one program per rank), through the same lowering.
@@ -818,29 +839,49 @@ def _topk(node):
     return run
 
 
+def _leading_slices(idx) -> int:
+    """How many whole dims (``None``) lead ``x[:, ..., idx0, idx1...]``'s index list."""
+    k = 0
+    while k < len(idx) and idx[k] is None:
+        k += 1
+    return k
+
+
 def _index_applies(node) -> bool:
     idx = node.args[1] if len(node.args) > 1 else None
-    return (isinstance(idx, (list, tuple)) and len(idx) >= 1 and all(
+    if not isinstance(idx, (list, tuple)):
+        return False
+    rest = idx[_leading_slices(idx):]
+    return len(rest) >= 1 and all(
         i is not None and not i.meta["val"].dtype.is_floating_point and i.meta["val"].dtype != torch.bool
-        for i in idx))
+        for i in rest)
 
 
-@register([aten.index.Tensor], "kernel", "x[idx0, idx1...] with integer indices on the leading dims: an "
-          "indirect-load gather (library.gather_rows)", applies=_index_applies)
+@register([aten.index.Tensor], "kernel", "x[idx0, idx1...] (or x[:, idx...]) with integer indices on adjacent "
+          "dims: an indirect-load gather (library.gather_rows) over views that put the indexed dims first",
+          applies=_index_applies)
 def _index(node):
     odt = _meta_dtype(node)
 
     def run(ctx, x, indices):
+        k = _leading_slices(indices)
+        indices = indices[k:]
         bshape = tuple(torch.broadcast_shapes(*[i.shape for i in indices]))
         idxs = [i.expand(bshape) for i in indices]
-        out = ctx.alloc(bshape + tuple(x.shape[len(idxs):]), odt)
+        n, nb = len(idxs), len(bshape)
+        out = ctx.alloc(tuple(x.shape[:k]) + bshape + tuple(x.shape[k + n:]), odt)
+        if k:   # gather over views with the indexed dims (and the result's index dims) first
+            x = x.permute(list(range(k, k + n)) + list(range(k)) + list(range(k + n, x.dim())))
+            ov = out.permute(list(range(k, k + nb)) + list(range(k)) + list(range(k + nb, out.dim())))
+        else:
+            ov = out
         xs = ctx.spec(x, "x")
         i0 = ctx.spec(idxs[0], "i")
         iss = tuple((i.dtype, i0[1], ctx.stride_spec(i, f"i{j}_")) for j, i in enumerate(idxs))
-        os_ = (odt, i0[1] + xs[1][len(idxs):], ctx.stride_spec(out, "o"))
-        prog = ctx.memo(("gather", ctx.key(x), tuple(ctx.key(i) for i in idxs)),
+        os_ = (odt, i0[1] + xs[1][n:], ctx.stride_spec(ov, "o"))
+        prog = ctx.memo(("gather", ctx.key(x), tuple(ctx.key(i) for i in idxs), ctx.key(ov)),
                         lambda: library.gather_rows(xs, iss, os_, source=K.SOURCE))
-        ctx.launch(prog, x, *idxs, out)
+        ctx.launch(prog, x, *idxs, ov)
         return out
     return run
 
