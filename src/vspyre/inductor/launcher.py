@@ -117,7 +117,8 @@ def compiled_region(call: Any) -> Any:
 class LibraryKernel:
     """A library program of the card (``vspyre.ir.library``) called from a compiled graph: built
     per shape of its arguments (cached) and launched like any kernel. ``kind`` names the builder;
-    ``params`` its static arguments."""
+    ``params`` its static arguments. ``paged_attention`` runs the programs of
+    ``library.paged_attention_launches`` in order (the KV-cache write, then the attention)."""
 
     def __init__(self, kind: str, params: dict[str, Any]):
         from ..ir import library
@@ -129,6 +130,11 @@ class LibraryKernel:
         from ..ir.library import spec_of
         p = self.params
         specs = [spec_of(t) for t in tensors]
+        if self.kind == "paged_attention":       # several programs: the cache write, then the attention
+            from ..ir.library import paged_attention_launches
+            for prog, idx in paged_attention_launches(*specs, p["scale"], p["sliding_window"], source="inductor"):
+                runtime.launch(prog, *[tensors[i] for i in idx], source="inductor")
+            return
         if self.kind == "attention":
             q, k = specs[0], specs[1]
             v = specs[2] if p.get("value", True) else None

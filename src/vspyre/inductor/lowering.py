@@ -509,13 +509,34 @@ def _sort_default(x: Any, dim: int = -1, descending: bool = False) -> Any | None
     return _sort(x, None, dim, descending)
 
 
+def _paged_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, block_table: Any,
+                     query_start_loc: Any, seq_lens: Any, scale: float, sliding_window: int = 0) -> Any | None:
+    """``spyre::paged_attention`` (vLLM's batch over a paged KV cache, ``vspyre.runtime.paged``) as
+    one node that launches the card's programs (``vspyre.ir.library.paged_attention_launches``: the
+    cache write, then the flash program through the block table). Inductor sees a functional op
+    reading the caches; the write is the op's undeclared side effect, as the schema says. None:
+    not for the card (upstream: a fallback)."""
+    ins = [q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens]
+    if not all(_on_spyre(x) for x in ins):
+        return None
+    return _library_node("paged_attention", {"scale": float(scale), "sliding_window": int(sliding_window)}, ins,
+                         list(q.get_size()), q.get_dtype(), q.get_device())
+
+
 def _register_library_ops() -> None:
     """Ops Inductor leaves as fallbacks that the card has a library program for (the routing ops
-    of mixture-of-experts models)."""
-    lowerings = compat.get("inductor_lowering").lowerings
+    of mixture-of-experts models, the vLLM plugin's paged attention)."""
+    from ..runtime import paged  # noqa: F401 - defines torch.ops.spyre.paged_attention
+
+    inductor_lowering = compat.get("inductor_lowering")
+    lowerings = inductor_lowering.lowerings
+    paged_op = torch.ops.spyre.paged_attention.default
     for op, ours in ((torch.ops.aten.topk.default, _topk), (torch.ops.aten.histc.default, _histc),
-                     (torch.ops.aten.sort.stable, _sort), (torch.ops.aten.sort.default, _sort_default)):
+                     (torch.ops.aten.sort.stable, _sort), (torch.ops.aten.sort.default, _sort_default),
+                     (paged_op, _paged_attention)):
         upstream = lowerings.get(op)
+        if upstream is None and op is paged_op:      # the card's own op: elsewhere Inductor's fallback kernel
+            upstream = inductor_lowering.fallback_handler(op, add_to_fallback_set=False)
         if upstream is None or getattr(upstream, "_vspyre", False):
             continue
 
