@@ -18,6 +18,7 @@ by Inductor with the card's extension or by the standalone compiler (``VSPYRE_VL
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class StepStats:
     wall_s: float = 0.0
     device_est_us: float = 0.0
     host_fallbacks: int = 0
+    fallback_ops: collections.Counter = field(default_factory=collections.Counter)
     graphs: int = 0
     compile_s: float = 0.0
     shapes: set = field(default_factory=set)
@@ -261,6 +263,7 @@ class SpyreModelRunner:
         st.wall_s += wall
         st.device_est_us += est
         st.host_fallbacks += fbs
+        st.fallback_ops.update(f.op for f in prof.fallbacks)
         n_tok = sum(len(s[0]) for s in seqs)
         decode = sum(1 for s, r in zip(seqs, reqs) if s[2] >= r.num_prompt)
         st.decode_tokens += decode
