@@ -847,14 +847,6 @@ def _leading_slices(idx) -> int:
     return k
 
 
-def _leading_slices(idx) -> int:
-    """How many whole dims (``None``) lead ``x[:, ..., idx0, idx1...]``'s index list."""
-    k = 0
-    while k < len(idx) and idx[k] is None:
-        k += 1
-    return k
-
-
 def _index_applies(node) -> bool:
     idx = node.args[1] if len(node.args) > 1 else None
     if not isinstance(idx, (list, tuple)):
