@@ -154,11 +154,12 @@ def chain_cost(cfg, c: Cost, g: int, owner: bool) -> Cost:
 
 
 def shared_cost(cfg, c: Cost, g: int) -> Cost:
-    """A load's cost for one of ``g`` cores that receive it in one multicast transfer."""
+    """A load's cost for one of ``g`` cores that receive it in one multicast transfer (its bytes
+    and the elements it needs from memory: each receiver's share, memory is read once)."""
     if g <= 1 or not c.bytes:
         return c
     setup = cfg.dma_setup_cycles
-    return Cost(c.unit, setup + (c.cycles - setup) / g, c.flops, c.bytes / g, c.elems)
+    return Cost(c.unit, setup + (c.cycles - setup) / g, c.flops, c.bytes / g, c.elems / g)
 
 
 class _Model:
