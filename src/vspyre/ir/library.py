@@ -21,7 +21,15 @@ entry's rank by a masked count, then the entry of each rank; O(n^2)), :func:`his
 bin, in fp32 for every input dtype: the integer ``histc`` the CPU lacks) and :func:`scan` (``cumsum``/``cumprod`` as a masked reduction, the
 Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``).
 
-Shapes and strides in specs may be size symbols (eager kernels build one program per rank).
+Paged attention (``spyre::paged_attention``, the vLLM plugin's op; every path launches
+:func:`paged_attention_launches`): :func:`kv_write` (the step's keys and values into the paged
+KV cache, a store with an indirect index masked where the slot is negative), then
+:func:`paged_attention` (one flash program reading K and V through the block table, queries
+bounded by :func:`paged_qmax` from shapes; fast mode's host form is :func:`paged_attend`, the
+op's reference math).
+
+Shapes and strides in specs may be size symbols (eager kernels build one program per rank); the
+paged-attention programs are built per shape.
 
 A tensor is described by a *spec* ``(dtype, shape, strides)``.
 """
