@@ -551,15 +551,19 @@ def paged_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         rows = block_table[s].to(torch.int64)[ks // bs] * bs + ks % bs
         kk = kflat[rows].float().repeat_interleave(g, dim=1)            # [n, hq, d]
         vv = vflat[rows].float().repeat_interleave(g, dim=1)
-        qq = q[toks].float()                                           # [m, hq, d]
-        scores = torch.einsum("mhd,nhd->hmn", qq, kk) * scale
-        p = pos[toks][:, None]
-        visible = ks[None, :] <= p
-        if sliding_window > 0:
-            visible &= ks[None, :] > p - sliding_window
-        scores = scores.masked_fill(~visible[None], float("-inf"))
-        out[toks] = torch.einsum("hmn,nhd->mhd", torch.softmax(scores, dim=-1), vv)
+        for part in toks.split(PAGED_HOST_ROWS):                       # the scores of a few query rows at a time
+            qq = q[part].float()                                       # [m, hq, d]
+            scores = torch.einsum("mhd,nhd->hmn", qq, kk) * scale
+            p = pos[part][:, None]
+            visible = ks[None, :] <= p
+            if sliding_window > 0:
+                visible &= ks[None, :] > p - sliding_window
+            scores = scores.masked_fill(~visible[None], float("-inf"))
+            out[part] = torch.einsum("hmn,nhd->mhd", torch.softmax(scores, dim=-1), vv)
     return out
+
+
+PAGED_HOST_ROWS = 256    # query rows paged_attend scores at once (a long prefill's scores stay ~100 MB)
 
 
 def paged_qmax(tokens: int, seqs: int) -> int:
