@@ -19,7 +19,7 @@ PIP := $(PIPCFG) $(BIN)/pip install --disable-pip-version-check -q -c $(PINS)
 BUILD_INPUTS := pyproject.toml setup.py $(PINS) src/vspyre/device/_extname.py $(wildcard src/vspyre/device/csrc/*.cpp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench conformance install clean
+.PHONY: demo test test-vllm bench conformance install clean
 
 demo: $(STAMP)
 	$(BIN)/vspyre demo
@@ -45,6 +45,25 @@ conformance: $(STAMP)
 	$(BIN)/python -m vspyre.conformance --results build/conformance-results-$(TORCH).jsonl --doc docs/op-coverage.md $(CONFORMANCE_ARGS)
 
 install: $(STAMP)
+
+# The serving environment (docs/serving.md): vLLM pins its own torch, so it gets its own venv.
+# vllm 0.32.0 pins torch==2.13.0 (the CPU build on this machine's disk). Its multimodal media
+# packages (torchvision, torchaudio, torchcodec) are removed: their compiled parts do not load beside
+# the CPU torch build, vLLM imports them only for multimodal inputs, and the plugin refuses those.
+VLLM_VENV := .venv-vllm
+VLLM_PINS := constraints/vllm-0.32.0.txt
+VLLM_PIP := $(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c $(VLLM_PINS)
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/serving $(PYTEST_ARGS)
+
+$(VLLM_STAMP): $(BUILD_INPUTS) $(VLLM_PINS)
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) torch==2.13.0 vllm==0.32.0 "setuptools>=68" wheel ninja
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(VLLM_PIP) --no-build-isolation -e ".[test,models]"
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 $(BIN)/python:
 	@test -f $(PINS) || { echo "make: no pin file $(PINS): supported releases are $$(ls constraints | sed 's/torch-//; s/.txt//' | tr '\n' ' ')"; exit 2; }

@@ -14,7 +14,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from . import backend
 from .models import UnsupportedModelError, check_family
 
-log = logging.getLogger("vspyre.vllm")
+log = logging.getLogger("vllm.vspyre")   # under vLLM's logger, so vLLM's log set-up prints it
 
 BLOCK_SIZE = 64                 # tokens per KV-cache block, the real plugin's size
 DEFAULT_BATCHED_TOKENS = 512    # the prefill chunk (--max-num-batched-tokens), the real plugin's default

@@ -29,7 +29,7 @@ import torch
 from . import backend as _backend
 from . import models
 
-log = logging.getLogger("vspyre.vllm")
+log = logging.getLogger("vllm.vspyre")   # under vLLM's logger, so vLLM's log set-up prints it
 
 MIN_TOKENS_BUCKET = 16
 
@@ -55,6 +55,7 @@ class StepStats:
     """What the runner did, for the start-up report, tests and benchmarks."""
     steps: int = 0
     prefill_tokens: int = 0
+    prefix_hit_tokens: int = 0      # prompt tokens a new request found in vLLM's prefix cache
     decode_tokens: int = 0
     padded_tokens: int = 0
     wall_s: float = 0.0
@@ -199,6 +200,7 @@ class SpyreModelRunner:
             if sp is not None and sp.seed is not None:
                 gen = torch.Generator().manual_seed(sp.seed)
             toks = list(nr.prefill_token_ids or nr.prompt_token_ids or [])
+            self.stats.prefix_hit_tokens += nr.num_computed_tokens
             self.requests[nr.req_id] = _Request(nr.req_id, toks, len(nr.prompt_token_ids or []),
                                                 list(nr.block_ids[0]), nr.num_computed_tokens, sp, gen)
         cr = so.scheduled_cached_reqs

@@ -17,7 +17,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from .runner import SpyreModelRunner
 
-log = logging.getLogger("vspyre.vllm")
+log = logging.getLogger("vllm.vspyre")   # under vLLM's logger, so vLLM's log set-up prints it
 
 # Functional runs back device memory with host RAM: the cache vLLM would size from the card's free
 # memory (~100 GiB) cannot be backed on a laptop, so it is capped at this share of the host's
@@ -60,7 +60,8 @@ class SpyreWorker(WorkerBase):
         """Device bytes for the KV cache: the card's memory x ``gpu_memory_utilization``, less
         what the weights and the largest step (a prefill of the whole token budget) take, measured
         on the card; capped by what the host can back in functional mode."""
-        r = self.model_runner
+        if self.cache_config.kv_cache_memory_bytes:           # --kv-cache-memory-bytes: the user's size
+            return int(self.cache_config.kv_cache_memory_bytes)
         dev = self.device
         torch.spyre.synchronize()
         total = torch.spyre.get_device_properties(dev).total_memory
@@ -145,6 +146,7 @@ class SpyreWorker(WorkerBase):
         fallbacks, estimated device time, graphs compiled and compile time."""
         s = self.model_runner.stats
         return {"steps": s.steps, "prefill_tokens": s.prefill_tokens, "decode_tokens": s.decode_tokens,
+                "prefix_hit_tokens": s.prefix_hit_tokens,
                 "padded_tokens": s.padded_tokens, "wall_s": s.wall_s, "device_est_us": s.device_est_us,
                 "host_fallbacks": s.host_fallbacks, "fallback_ops": dict(s.fallback_ops), "graphs": s.graphs, "compile_s": s.compile_s,
                 "backend": self.model_runner.backend, "per_step": list(s.per_step), "pid": os.getpid(),

@@ -1,0 +1,148 @@
+"""vLLM's engine on the virtual card: greedy generation equals transformers on the CPU, token for
+token, with chunked prefill, mixed prefill/decode batches and prefix caching, on both compilers."""
+
+import gc
+import os
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+N_NEW = 10
+LENS = [5, 17, 70, 150, 3, 200, 33, 64]     # > the 64-token chunk for some: chunked prefill
+
+
+def _prompts(seed=0, vocab=500):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in LENS]
+
+
+@contextmanager
+def _llm(path, backend, **kw):
+    from vllm import LLM
+
+    from vspyre import compat
+
+    compat.get("dynamo_reset")()    # each engine compiles its step graph (no graph reused from the last test)
+    old = os.environ.get("VSPYRE_VLLM_BACKEND")
+    os.environ["VSPYRE_VLLM_BACKEND"] = backend
+    llm = None
+    try:
+        args = dict(dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512, max_num_batched_tokens=64,
+                    max_num_seqs=8, enable_prefix_caching=False, seed=0)
+        args.update(kw)
+        llm = LLM(str(path), **args)
+        yield llm
+    finally:
+        if old is None:
+            os.environ.pop("VSPYRE_VLLM_BACKEND", None)
+        else:
+            os.environ["VSPYRE_VLLM_BACKEND"] = old
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()      # frees the card's KV cache and weights
+        del llm
+        gc.collect()
+
+
+_refs: dict = {}
+
+
+def _reference(path, prompts, n=N_NEW):
+    """transformers' own greedy generate on the CPU in fp32 (the checkpoint's weights)."""
+    from transformers import AutoModelForCausalLM
+
+    key = (str(path), tuple(map(tuple, prompts)), n)
+    if key not in _refs:
+        m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        out = []
+        for p in prompts:
+            ids = m.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                             eos_token_id=None, pad_token_id=0)
+            out.append(ids[0, len(p):].tolist())
+        _refs[key] = out
+    return _refs[key]
+
+
+def _greedy(llm, prompts, n=N_NEW):
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in prompts], sp,
+                                                                use_tqdm=False)]
+
+
+def _stats(llm):
+    return llm.collective_rpc("runner_stats")[0]
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+@pytest.mark.parametrize("backend", ["inductor", "standalone"])
+def test_greedy_equals_transformers(tiny_models, backend, prefix_caching):
+    path = tiny_models["llama"]
+    prompts = _prompts()
+    want = _reference(path, prompts)
+    with _llm(path, backend, enable_prefix_caching=prefix_caching) as llm:
+        assert _greedy(llm, prompts) == want
+        st = _stats(llm)
+        kinds = {k for k, *_ in st["per_step"]}
+        assert "mixed" in kinds and "decode" in kinds, kinds        # prefill chunks beside decodes
+        assert st["prefill_tokens"] == sum(LENS) and st["decode_tokens"] == len(LENS) * (N_NEW - 1)
+        assert max(t for _, t, *_ in st["per_step"]) <= 64                # the chunk budget held
+        assert st["host_fallbacks"] == 0, st["fallback_ops"]
+        assert st["backend"] == backend and st["graphs"] >= 1 and st["compile_s"] > 0
+        assert st["device_est_us"] > 0
+        if prefix_caching:
+            # the same prompts again (one longer, diverging after its shared prefix): served from the
+            # prefix cache, still the same tokens
+            again = [p[:] for p in prompts]
+            again[5] = again[5][:150] + [7, 8, 9]
+            assert _greedy(llm, again) == _reference(path, again)
+            assert _stats(llm)["prefix_hit_tokens"] >= 64 * sum(len(p) // 64 for p in again) - 64
+        graphs = _stats(llm)["graphs"]
+    assert graphs <= 2       # the symbolic step graph serves every step (no recompile per shape)
+
+
+@pytest.mark.parametrize("family", ["granite", "mistral", "qwen2", "qwen3"])
+def test_families(tiny_models, family):
+    path = tiny_models[family]
+    prompts = _prompts(seed=1)[:5]
+    with _llm(path, "inductor") as llm:
+        assert _greedy(llm, prompts) == _reference(path, prompts)
+        assert _stats(llm)["host_fallbacks"] == 0
+
+
+def test_families_standalone(tiny_models):
+    path = tiny_models["mistral"]        # its sliding window (48) is shorter than the longer prompts
+    prompts = _prompts(seed=2)[:6]
+    with _llm(path, "standalone") as llm:
+        assert _greedy(llm, prompts) == _reference(path, prompts)
+        assert _stats(llm)["host_fallbacks"] == 0
+
+
+def test_kv_cache_sized_from_the_card(tiny_models):
+    """No explicit cache size: vLLM sizes it from the card's free memory (capped by what the host
+    can back); the cache is device memory, in torch.spyre's statistics."""
+    from vspyre.vllm_plugin import worker as W
+
+    path = tiny_models["llama"]
+    with _llm(path, "eager", kv_cache_memory_bytes=None, gpu_memory_utilization=0.5) as llm:
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        cache = runner.num_blocks * runner.cache_block_bytes()
+        assert cache > 1 << 30                                    # sized from memory, not a fixed small number
+        assert torch.spyre.memory_allocated() >= cache
+        import psutil
+        assert cache <= psutil.virtual_memory().total * W.HOST_SHARE
+        assert _greedy(llm, _prompts()[:2], n=3)
+
+
+def test_sampling_with_a_seed_repeats(tiny_models):
+    from vllm import SamplingParams
+
+    path = tiny_models["llama"]
+    sp = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=1234, max_tokens=8, ignore_eos=True)
+    with _llm(path, "eager") as llm:
+        a = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": [5, 6, 7]}] * 2, sp,
+                                                                 use_tqdm=False)]
+        b = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": [5, 6, 7]}], sp,
+                                                                 use_tqdm=False)]
+    assert a[0] == a[1] == b[0] and len(a[0]) == 8
