@@ -62,7 +62,11 @@ HOOKS: dict[str, Hook] = {
     "dynamo_config": _H("torch._dynamo.config", None, "2.13", "recompile limits in the harness and tools"),
     "dynamo_reset": _H("torch._dynamo", "reset", "2.13", "a fresh compile between harness rows and sweeps"),
     "mark_dynamic": _H("torch._dynamo", "mark_dynamic", "2.13",
-                       "vspyre estimate: the KV-cache length is symbolic from the first decode step"),
+                       "vspyre estimate: the KV-cache length is symbolic from the first decode step; the vLLM "
+                       "plugin's step sizes"),
+    "fx_config": _H("torch.fx.experimental._config", None, "2.13",
+                    "the vLLM plugin compiles its step graph without duck sizing (sizes equal at the first "
+                    "trace stay independent symbols)"),
     # -- AOTAutograd, decompositions (the standalone compiler) --------------------------------------
     "aot_module_simplified": _H("torch._functorch.aot_autograd", "aot_module_simplified", "2.13",
                                 "the standalone compiler takes the ATen graph from AOTAutograd"),

@@ -11,7 +11,9 @@ Settings (environment, read by every vLLM process):
 
 * ``VSPYRE_VLLM_BACKEND`` - ``inductor`` (default: ``torch.compile``'s default backend with the
   card's Inductor extension) or ``standalone`` (the old path: ``backend="spyre_standalone"``);
-  ``eager`` runs the model uncompiled (eager device kernels), for debugging.
+  ``eager`` runs the model uncompiled (eager device kernels), for debugging; ``cpu`` runs the same
+  engine, runner and model on the host CPU in eager PyTorch, not on the card (the baseline the
+  serving benchmark measures the card against).
 * ``VSPYRE_VLLM=0`` - do not activate the platform (vLLM picks its own).
 
 ``docs/serving.md`` has the two commands to serve a model and what the plugin supports.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-BACKENDS = ("inductor", "standalone", "eager")
+BACKENDS = ("inductor", "standalone", "eager", "cpu")
 
 
 def backend() -> str:

@@ -5,8 +5,9 @@ transformers lets a backend plug in its attention (``AttentionInterface``): ever
 then calls :func:`paged_attention_forward` with its queries, keys and values after the family's
 own projections, norms and rotary embedding (Llama's, Granite's multipliers, Qwen's biases and
 q/k norms, Mistral's sliding window all stay transformers' code). The function hands them to
-``torch.ops.spyre.paged_attention`` with the step's block table (the keyword argument ``spyre_paged``
-the model runner passes through the model's forward), which writes the new keys and values into
+``torch.ops.spyre.paged_attention`` with the step's block tables (the keyword argument
+``spyre_paged`` the model runner passes through the model's forward: one part for the step's
+decodes, one for its prefill chunks), which writes the new keys and values into
 the layer's cache blocks and attends over them on the card. No causal mask is built: a backend
 not in transformers' mask registry gets none, and the op masks by position itself.
 """
@@ -65,9 +66,14 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k_cache, v_cache = meta["kv_caches"][module.layer_idx]
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    out = torch.ops.spyre.paged_attention(q, k, v, k_cache, v_cache, meta["slot_mapping"], meta["block_table"],
-                                          meta["query_start_loc"], meta["seq_lens"], scale, int(sliding_window or 0))
-    return out.unsqueeze(0), None
+    outs, t0 = [], 0
+    for slot_mapping, block_table, query_start_loc, seq_lens in meta["parts"]:   # the step's decodes, then chunks
+        t1 = t0 + slot_mapping.shape[0]
+        outs.append(torch.ops.spyre.paged_attention(q[t0:t1], k[t0:t1], v[t0:t1], k_cache, v_cache, slot_mapping,
+                                                    block_table, query_start_loc, seq_lens, scale,
+                                                    int(sliding_window or 0)))
+        t0 = t1
+    return torch.cat(outs).unsqueeze(0), None
 
 
 def register_attention() -> None:

@@ -43,7 +43,7 @@ class SpyrePlatform(Platform):
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         from vspyre import hardware
-        return f"spyre (virtual, hardware preset {hardware.current().name})"
+        return f"spyre (virtual, hardware preset {hardware.get_config().name})"
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:

@@ -65,7 +65,7 @@ class StepStats:
     graphs: int = 0
     compile_s: float = 0.0
     shapes: set = field(default_factory=set)
-    per_step: list = field(default_factory=list)    # (kind, tokens, seqs, wall_s, est_us, fallbacks)
+    per_step: list = field(default_factory=list)    # (kind, tokens, seqs, wall_s, est_us, fallbacks, kernels)
 
 
 class SpyreModelRunner:
@@ -113,17 +113,16 @@ class SpyreModelRunner:
                  num_blocks * self.cache_block_bytes() / 2**30, self.device)
 
     # ------------------------------------------------------------------ the step graph
-    def _forward(self, input_ids, positions, logits_indices, slot_mapping, block_table, query_start_loc, seq_lens,
+    def _forward(self, input_ids, positions, logits_indices, slot_d, bt_d, qsl_d, sl_d, slot_p, bt_p, qsl_p, sl_p,
                  kv_caches):
-        meta = {"slot_mapping": slot_mapping, "block_table": block_table, "query_start_loc": query_start_loc,
-                "seq_lens": seq_lens, "kv_caches": kv_caches}
+        meta = {"parts": ((slot_d, bt_d, qsl_d, sl_d), (slot_p, bt_p, qsl_p, sl_p)), "kv_caches": kv_caches}
         out = self.model(input_ids=input_ids, position_ids=positions, logits_to_keep=logits_indices,
                          use_cache=False, spyre_paged=meta)
         return out.logits[0]
 
     def _graph(self) -> Any:
         if self._compiled is None:
-            if self.backend == "eager":
+            if self.backend in ("eager", "cpu"):
                 self._compiled = self._forward
             else:
                 kw = {"backend": "spyre_standalone"} if self.backend == "standalone" else {}
@@ -133,60 +132,79 @@ class SpyreModelRunner:
     def _run(self, inputs: tuple) -> torch.Tensor:
         from .. import compat
 
-        ids, pos, li, slot, bt, qsl, sl = inputs
-        if self.backend != "eager":
-            for t, dims in ((ids, (1,)), (pos, (1,)), (slot, (0,)), (li, (0,)), (bt, (0, 1)), (qsl, (0,)), (sl, (0,))):
-                for d in dims:
-                    compat.mark_dynamic(t, d)
+        if self.backend not in ("eager", "cpu"):
+            for t in inputs:
+                for d in range(t.dim()):
+                    if not (t is inputs[0] or t is inputs[1]) or d == 1:     # ids/pos: [1, tokens]
+                        compat.mark_dynamic(t, d)
         graphs = compat.get("dynamo_counters")["stats"]
         g0, t0 = graphs["unique_graphs"], time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), compat.get("fx_config").patch(use_duck_shape=False):
             out = self._graph()(*inputs, self.kv_caches)
         new = graphs["unique_graphs"] - g0
         if new > 0:
             dt = time.perf_counter() - t0
             self.stats.graphs += new
             self.stats.compile_s += dt
-            log.info("vspyre: compiled the step graph for the card with %s (%d graph%s, tokens %d, sequences %d, "
-                     "block table %d wide; sizes symbolic) in %.1f s", self.backend, new, "s" * (new > 1),
-                     ids.shape[1], li.shape[0], bt.shape[1], dt)
+            log.info("vspyre: compiled the step graph for the card with %s (%d graph%s; tokens %d, decode "
+                     "sequences %d, prefill sequences %d; sizes symbolic) in %.1f s", self.backend, new,
+                     "s" * (new > 1), inputs[0].shape[1], inputs[4].shape[0], inputs[8].shape[0], dt)
         return out
 
-    def _inputs(self, seqs: list[tuple[list[int], list[int], int, int]]) -> tuple:
-        """Device inputs of a step. ``seqs``: (token ids of the step, block ids, tokens before
-        them, tokens after them) per sequence."""
-        S = _bucket(len(seqs), 2, max(self.max_seqs, 2))
-        real_t = sum(len(s[0]) for s in seqs)
-        T = _bucket(real_t + (S - len(seqs)), MIN_TOKENS_BUCKET, max(self.max_tokens, MIN_TOKENS_BUCKET))
-        # every sequence's query count must stay within T - S + 1 (the paged-attention program's bound)
-        while max((len(s[0]) for s in seqs), default=0) > T - S + 1:
-            T *= 2
-        need_blocks = max((-(-s[3] // self.block_size) for s in seqs), default=1)
+    def _part(self, seqs: list, tokens: int, nseq: int, t0: int, ids, pos, li, rows: list, row0: int) -> tuple:
+        """One part of a step (decodes, or prefill chunks) as paged-attention metadata; fills the
+        step's token ids, positions and logit rows."""
+        need_blocks = max((-(-s[3] // self.block_size) for _, s in seqs), default=1)
         MB = _bucket(need_blocks, 2, max(self.max_blocks, 2))
-        ids = torch.zeros(1, T, dtype=torch.int64)
-        pos = torch.zeros(1, T, dtype=torch.int64)
-        slot = torch.full((T,), -1, dtype=torch.int64)
-        li = torch.zeros(S, dtype=torch.int64)
-        bt = torch.zeros(S, MB, dtype=torch.int32)
-        qsl = torch.zeros(S + 1, dtype=torch.int32)
-        sl = torch.zeros(S, dtype=torch.int32)
+        slot = torch.full((tokens,), -1, dtype=torch.int64)
+        bt = torch.zeros(nseq, MB, dtype=torch.int32)
+        qsl = torch.zeros(nseq + 1, dtype=torch.int32)
+        sl = torch.zeros(nseq, dtype=torch.int32)
         t = 0
-        for i, (toks, blocks, start, end) in enumerate(seqs):
+        for i, (k, (toks, blocks, start, end)) in enumerate(seqs):
             n = len(toks)
-            ids[0, t:t + n] = torch.tensor(toks)
+            ids[0, t0 + t:t0 + t + n] = torch.tensor(toks)
             p = torch.arange(start, end)
-            pos[0, t:t + n] = p
+            pos[0, t0 + t:t0 + t + n] = p
             blk = torch.tensor(blocks, dtype=torch.int64)
             slot[t:t + n] = blk[p // self.block_size] * self.block_size + p % self.block_size
-            bt[i, :len(blocks)] = blk[:MB].to(torch.int32)
+            bt[i, :min(len(blocks), MB)] = blk[:MB].to(torch.int32)
             t += n
             qsl[i + 1] = t
             sl[i] = end
-            li[i] = t - 1
+            li[row0 + i] = t0 + t - 1
+            rows[k] = row0 + i
         qsl[len(seqs) + 1:] = t
-        self.stats.padded_tokens += T - real_t
-        self.stats.shapes.add((T, S, MB))
-        return tuple(x.to(self.device) for x in (ids, pos, li, slot, bt, qsl, sl))
+        return slot, bt, qsl, sl
+
+    def _inputs(self, seqs: list[tuple[list[int], list[int], int, int]]) -> tuple[tuple, list[int]]:
+        """Device inputs of a step and each sequence's logits row. ``seqs``: (token ids of the
+        step, block ids, tokens before them, tokens after them) per sequence.
+
+        The step is laid out in two parts, each one paged-attention call per layer: the sequences
+        with one token (decodes: as many tokens as sequences, so the attention program's query
+        bound is 1) then the others (prefill chunks). The attention program bounds a sequence's
+        queries from its shapes alone (``T - S + 1``), which is exact for a decode batch and for
+        one chunk, so splitting keeps a mixed step's cost what its work is."""
+        dec = [(k, s) for k, s in enumerate(seqs) if len(s[0]) == 1]
+        pre = [(k, s) for k, s in enumerate(seqs) if len(s[0]) != 1]
+        cap = max(self.max_seqs, 2)
+        Sd = _bucket(len(dec), 2, cap)
+        Sp = _bucket(len(pre), 2, cap)
+        real_p = sum(len(s[0]) for _, s in pre)
+        Tp = _bucket(real_p + (Sp - len(pre)), MIN_TOKENS_BUCKET, max(self.max_tokens, MIN_TOKENS_BUCKET))
+        while max((len(s[0]) for _, s in pre), default=0) > Tp - Sp + 1:    # the program's query bound
+            Tp *= 2
+        T = Sd + Tp
+        ids = torch.zeros(1, T, dtype=torch.int64)
+        pos = torch.zeros(1, T, dtype=torch.int64)
+        li = torch.zeros(Sd + Sp, dtype=torch.int64)
+        rows = [0] * len(seqs)
+        part_d = self._part(dec, Sd, Sd, 0, ids, pos, li, rows, 0)
+        part_p = self._part(pre, Tp, Sp, Sd, ids, pos, li, rows, Sd)
+        self.stats.padded_tokens += T - len(dec) - real_p
+        self.stats.shapes.add((Sd, Tp, Sp, part_d[1].shape[1], part_p[1].shape[1]))
+        return tuple(x.to(self.device) for x in (ids, pos, li) + part_d + part_p), rows
 
     # ------------------------------------------------------------------ scheduler output -> step
     def _update_states(self, so: Any) -> None:
@@ -249,14 +267,15 @@ class SpyreModelRunner:
         from ..runtime.profiler import profile
 
         t0 = time.perf_counter()
-        inputs = self._inputs(seqs)
+        inputs, rows = self._inputs(seqs)
         with profile(record_segments=False) as prof:
             logits = self._run(inputs)
             greedy = all(r.params is None or r.params.temperature < 1e-5 for r, s in zip(reqs, sample) if s)
             if greedy:
-                ids = torch.argmax(logits, dim=-1).cpu().tolist()
+                top = torch.argmax(logits, dim=-1).cpu().tolist()
+                ids = [top[r] for r in rows]
         if not greedy:
-            ids = self._sample_host(logits[:len(seqs)].float().cpu(), reqs, sample)
+            ids = self._sample_host(logits.float().cpu()[rows], reqs, sample)
         wall = time.perf_counter() - t0
         est = prof.total_est_us + sum(f.est_us for f in prof.fallbacks)
         fbs = len(prof.fallbacks)
@@ -271,7 +290,7 @@ class SpyreModelRunner:
         st.decode_tokens += decode
         st.prefill_tokens += n_tok - decode
         kind = "decode" if decode == len(seqs) else ("prefill" if decode == 0 else "mixed")
-        st.per_step.append((kind, n_tok, len(seqs), wall, est, fbs))
+        st.per_step.append((kind, n_tok, len(seqs), wall, est, fbs, len(prof.kernels)))
         return [int(ids[i]) if s else None for i, s in enumerate(sample)]
 
     def _sample_host(self, logits: torch.Tensor, reqs: list[_Request], sample: list[bool]) -> list[int]:
@@ -308,7 +327,7 @@ class SpyreModelRunner:
         batch, which must reuse it); returns the seconds spent compiling."""
         c0 = self.stats.compile_s
         for seqs in (self.dummy_inputs(min(self.max_tokens, 64), 3), self.dummy_inputs(4, 4)):
-            torch.argmax(self._run(self._inputs(seqs)), dim=-1).cpu()
+            torch.argmax(self._run(self._inputs(seqs)[0]), dim=-1).cpu()
         self.stats.shapes.clear()
         self.stats.padded_tokens = 0
         return self.stats.compile_s - c0

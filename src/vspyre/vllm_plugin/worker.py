@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from . import backend
 from .runner import SpyreModelRunner
 
 log = logging.getLogger("vllm.vspyre")   # under vLLM's logger, so vLLM's log set-up prints it
@@ -27,6 +28,10 @@ HOST_SHARE = 0.5
 
 class SpyreWorker(WorkerBase):
     def init_device(self) -> None:
+        if backend() == "cpu":                  # the baseline: the same runner on the host CPU
+            self.device = torch.device("cpu")
+            self.model_runner = SpyreModelRunner(self.vllm_config, self.device)
+            return
         if not torch.spyre.is_available():
             raise RuntimeError("vspyre: the spyre device is not available (is vspyre installed in this environment?)")
         self.device = torch.device("spyre", self.local_rank)
@@ -62,6 +67,9 @@ class SpyreWorker(WorkerBase):
         on the card; capped by what the host can back in functional mode."""
         if self.cache_config.kv_cache_memory_bytes:           # --kv-cache-memory-bytes: the user's size
             return int(self.cache_config.kv_cache_memory_bytes)
+        if self.device.type == "cpu":
+            import psutil
+            return int(psutil.virtual_memory().available * HOST_SHARE * self.cache_config.gpu_memory_utilization)
         dev = self.device
         torch.spyre.synchronize()
         total = torch.spyre.get_device_properties(dev).total_memory
@@ -98,8 +106,7 @@ class SpyreWorker(WorkerBase):
             seqs = [([0] * tokens, list(range(1, blocks)), 0, tokens)]
             r.backend = "eager"
             with torch.no_grad():
-                inputs = r._inputs(seqs)
-                r._forward(*inputs, r.kv_caches)
+                r._forward(*r._inputs(seqs)[0], r.kv_caches)
             peak = torch.spyre.max_memory_allocated(self.device) - cache_bytes
         finally:
             r.kv_caches, r.backend = saved, backend
@@ -124,7 +131,8 @@ class SpyreWorker(WorkerBase):
         return self.model_runner.cache_block_bytes()
 
     def synchronize_device(self) -> None:
-        torch.spyre.synchronize()
+        if self.device.type == "spyre":
+            torch.spyre.synchronize()
 
     def check_health(self) -> None:
         return
