@@ -894,8 +894,10 @@ def _touch_probe(expr: Any, dims: list[str], itemsize: int, stick_bytes: int,
 
 def _stride1_run(expr: Any, dims: list[str], ext: Mapping[str, int], itemsize: int, stick_bytes: int,
                  probe: int = 4096) -> tuple[str, int] | None:
-    """An index that walks memory in stride-1 runs of at least a stick along one dim (a view's
-    FloorDiv/ModularIndexing, a row gather ``W*%i + x``): ``(dim, typical run)``.
+    """An index that walks memory in stride-1 runs along one dim (a view's FloorDiv/ModularIndexing,
+    a row gather ``W*%i + x``): ``(dim, typical run)``. A run moves whole sticks: one shorter than
+    a stick (a 64-byte row of a paged KV cache with head dim 32) still costs one stick per run, not
+    one per element.
 
     Probed numerically along each dim (innermost first) with the other dims and any indirect
     values at 0: the run is the mean length of the stretches where the address steps by 1.
@@ -918,7 +920,7 @@ def _stride1_run(expr: Any, dims: list[str], ext: Mapping[str, int], itemsize: i
         steps = (addr[1:] - addr[:-1]) == 1
         breaks = int((~steps).sum()) + 1
         run = (n + 1) // breaks
-        if run * itemsize >= stick_bytes:
+        if run * itemsize >= stick_bytes or (run >= 2 and run == n + 1):
             return u, run
     return None
 
