@@ -19,7 +19,7 @@ PIP := $(PIPCFG) $(BIN)/pip install --disable-pip-version-check -q -c $(PINS)
 BUILD_INPUTS := pyproject.toml setup.py $(PINS) src/vspyre/device/_extname.py $(wildcard src/vspyre/device/csrc/*.cpp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-vllm bench conformance install clean
+.PHONY: demo test test-vllm serve bench-serving bench conformance install clean
 
 demo: $(STAMP)
 	$(BIN)/vspyre demo
@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_estimate.py
 	$(BIN)/python benchmarks/bench_compile_depth.py
 	$(BIN)/python benchmarks/bench_eager.py
+	$(MAKE) bench-serving
 
 # The OpInfo conformance sweep (issue #7): every op_db op x float32/float16/bfloat16 x eager/compiled/
 # standalone vs the CPU, with a progress bar; resumes from build/conformance-results.jsonl
@@ -57,6 +58,17 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/serving $(PYTEST_ARGS)
+
+# `make serve` serves MODEL (a checkpoint directory; default: a tiny Llama written on first use) on
+# the card with vLLM's OpenAI server; VSPYRE_VLLM_BACKEND=standalone for the old compiler.
+MODEL ?= build/tiny-llama
+SERVE_ARGS ?=
+serve: $(VLLM_STAMP)
+	test -f $(MODEL)/config.json || $(VLLM_VENV)/bin/vspyre make-model $(MODEL)
+	$(VLLM_VENV)/bin/vllm serve $(MODEL) $(SERVE_ARGS)
+
+bench-serving: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python benchmarks/bench_serving.py
 
 $(VLLM_STAMP): $(BUILD_INPUTS) $(VLLM_PINS)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)

@@ -142,6 +142,17 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_make_model(opts: argparse.Namespace) -> int:
+    import torch
+
+    from .harness import checkpoints
+
+    path = checkpoints.write(opts.dir, opts.family, seed=opts.seed, dtype=getattr(torch, opts.dtype))
+    print(f"wrote a tiny {opts.family} model (random weights, byte tokenizer) to {path}: "
+          f"vllm serve {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vspyre", description="A virtual Spyre-class AI accelerator for PyTorch")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -198,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_estimate)
+    p = sub.add_parser("make-model", help="write a tiny decoder checkpoint (config.json, safetensors, tokenizer) "
+                       "to serve with vLLM (random weights; nothing downloaded)")
+    p.add_argument("dir")
+    p.add_argument("--family", default="llama", choices=["llama", "granite", "mistral", "qwen2", "qwen3"])
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=_cmd_make_model)
     p = sub.add_parser("report", help="merge compare results (JSONL/JSON) and render JSON, Markdown, HTML")
     p.add_argument("inputs", nargs="+", help="results.jsonl / results.json files (later ones win)")
     p.add_argument("--out", default="vspyre-report", help="output directory")

@@ -4,6 +4,7 @@ token, with chunked prefill, mixed prefill/decode batches and prefix caching, on
 import gc
 import os
 from contextlib import contextmanager
+from unittest import mock
 
 import pytest
 import torch
@@ -24,24 +25,19 @@ def _llm(path, backend, **kw):
     from vspyre import compat
 
     compat.get("dynamo_reset")()    # each engine compiles its step graph (no graph reused from the last test)
-    old = os.environ.get("VSPYRE_VLLM_BACKEND")
-    os.environ["VSPYRE_VLLM_BACKEND"] = backend
+    args = dict(dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512, max_num_batched_tokens=64,
+                max_num_seqs=8, enable_prefix_caching=False, seed=0)
+    args.update(kw)
     llm = None
-    try:
-        args = dict(dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512, max_num_batched_tokens=64,
-                    max_num_seqs=8, enable_prefix_caching=False, seed=0)
-        args.update(kw)
-        llm = LLM(str(path), **args)
-        yield llm
-    finally:
-        if old is None:
-            os.environ.pop("VSPYRE_VLLM_BACKEND", None)
-        else:
-            os.environ["VSPYRE_VLLM_BACKEND"] = old
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()      # frees the card's KV cache and weights
-        del llm
-        gc.collect()
+    with mock.patch.dict(os.environ, VSPYRE_VLLM_BACKEND=backend):
+        try:
+            llm = LLM(str(path), **args)
+            yield llm
+        finally:
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()      # frees the card's KV cache and weights
+            del llm
+            gc.collect()
 
 
 _refs: dict = {}
@@ -146,3 +142,18 @@ def test_sampling_with_a_seed_repeats(tiny_models):
         b = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": [5, 6, 7]}], sp,
                                                                  use_tqdm=False)]
     assert a[0] == a[1] == b[0] and len(a[0]) == 8
+
+
+def test_preemption_keeps_tokens(tiny_models):
+    """A KV cache too small for every request at once: vLLM's scheduler preempts and later resumes
+    requests (recomputing them into new blocks); the tokens stay transformers'."""
+    path = tiny_models["llama"]
+    prompts = _prompts(seed=3)
+    want = _reference(path, prompts)
+    block_bytes = 2 * 2 * 64 * 2 * 32 * 4            # k and v x layers x tokens x kv heads x head dim x fp32
+    with _llm(path, "standalone", kv_cache_memory_bytes=12 * block_bytes) as llm:
+        assert _greedy(llm, prompts) == want
+        st = _stats(llm)
+        assert st["host_fallbacks"] == 0
+        # more prefill tokens than the prompts hold: preempted requests were computed again
+        assert st["prefill_tokens"] > sum(LENS), st["prefill_tokens"]

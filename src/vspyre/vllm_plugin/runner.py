@@ -284,7 +284,11 @@ class SpyreModelRunner:
         st.wall_s += wall
         st.device_est_us += est
         st.host_fallbacks += fbs
+        new_ops = {f.op for f in prof.fallbacks} - set(st.fallback_ops)
         st.fallback_ops.update(f.op for f in prof.fallbacks)
+        if new_ops:       # nothing runs on the host silently: the first time per op, say so
+            log.warning("vspyre: a %s step ran ops on the host (host fallbacks): %s", self.backend,
+                        ", ".join(sorted(new_ops)))
         n_tok = sum(len(s[0]) for s in seqs)
         decode = sum(1 for s, r in zip(seqs, reqs) if s[2] >= r.num_prompt)
         st.decode_tokens += decode
