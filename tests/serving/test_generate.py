@@ -159,3 +159,12 @@ def test_preemption_keeps_tokens(tiny_models):
         assert st["host_fallbacks"] == 0
         # more prefill tokens than the prompts hold: preempted requests were computed again
         assert st["prefill_tokens"] > sum(map(len, prompts)), st["prefill_tokens"]
+
+
+def test_fp16_as_served(tiny_models):
+    """The checkpoint's own dtype, as `vllm serve` runs it: fp16 on the card (DLFloat16 rounding)
+    still gives transformers' fp32 tokens on this model (logits well apart at its weight scale)."""
+    path = tiny_models["llama"]
+    prompts = _prompts()
+    with _llm(path, "inductor", dtype="float16") as llm:
+        assert _greedy(llm, prompts) == _reference(path, prompts)
