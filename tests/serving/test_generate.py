@@ -168,3 +168,26 @@ def test_fp16_as_served(tiny_models):
     prompts = _prompts()
     with _llm(path, "inductor", dtype="float16") as llm:
         assert _greedy(llm, prompts) == _reference(path, prompts)
+
+
+def test_estimate_only_steps_equal_functional(tiny_models):
+    """The engine in estimate-only mode (the card plans and costs every step without running it,
+    weights from the config alone) makes the same scheduling decisions as a functional run of the
+    same load, step by step, at the same estimated device time per step: the ground a virtual-clock
+    serving estimate stands on."""
+    path = tiny_models["llama"]
+    prompts = _prompts()
+
+    def steps(st):
+        return [(kind, tokens, seqs, round(est, 6), fb) for kind, tokens, seqs, _, est, fb, _ in st["per_step"]]
+
+    with _llm(path, "inductor") as llm:
+        _greedy(llm, prompts)
+        functional = _stats(llm)
+    with torch.spyre.estimate_only():
+        with _llm(path, "inductor") as llm:
+            out = _greedy(llm, prompts)
+            estimated = _stats(llm)
+    assert [len(o) for o in out] == [N_NEW] * len(prompts)
+    assert steps(estimated) == steps(functional) and len(steps(functional)) > 5
+    assert estimated["host_fallbacks"] == 0

@@ -83,13 +83,22 @@ def register_attention() -> None:
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
 
 
-def load(path: str, dtype: torch.dtype, device: torch.device, revision: str | None = None) -> torch.nn.Module:
-    """The causal LM in ``path`` (config.json + safetensors), weights on ``device``, attention paged."""
+def load(path: str, dtype: torch.dtype, device: torch.device, revision: str | None = None,
+         weights: bool = True) -> torch.nn.Module:
+    """The causal LM in ``path`` (config.json + safetensors), weights on ``device``, attention paged.
+    ``weights=False`` (estimate-only mode: the card accounts memory but holds no values) builds the
+    model from its config alone on the meta device and gives it device memory without values; the
+    directory then needs only ``config.json``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     register_attention()
     cfg = AutoConfig.from_pretrained(path, revision=revision)
     check_family(cfg)
+    if not weights:
+        cfg._attn_implementation = ATTN_IMPLEMENTATION
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+        return model.eval().to_empty(device=device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION,
                                                  revision=revision)
     return model.eval().to(device)

@@ -88,13 +88,22 @@ class SpyreModelRunner:
         self._compiled: Any = None
         n_layers, self.kv_heads, self.head_dim = models.geometry(self.model_config.hf_config)
         self.num_layers = n_layers
+        # Estimate-only mode (VSPYRE_ESTIMATE_ONLY=1, or the engine built inside
+        # torch.spyre.estimate_only()): every step is compiled, planned and costed but not run; the
+        # sampled token is a stand-in (requests then need ignore_eos: their lengths are the load's).
+        self.estimate_only = device.type == "spyre" and torch.spyre.is_estimate_only()
+        hf = self.model_config.hf_config
+        specials = {getattr(hf, k, None) for k in ("eos_token_id", "bos_token_id", "pad_token_id")}
+        self.stand_in_token = next(t for t in range(3, 1 << 20) if t not in specials)
 
     # ------------------------------------------------------------------ model and cache
     def load_model(self) -> None:
         t0 = time.perf_counter()
-        self.model = models.load(self.model_config.model, self.dtype, self.device, self.model_config.revision)
-        log.info("vspyre: loaded %s (%s, %s) on %s in %.1f s", self.model_config.model,
-                 self.model_config.hf_config.model_type, self.dtype, self.device, time.perf_counter() - t0)
+        self.model = models.load(self.model_config.model, self.dtype, self.device, self.model_config.revision,
+                                 weights=not self.estimate_only)
+        log.info("vspyre: loaded %s (%s, %s) on %s in %.1f s%s", self.model_config.model,
+                 self.model_config.hf_config.model_type, self.dtype, self.device, time.perf_counter() - t0,
+                 " (estimate-only: from its config, memory accounted, no weights)" if self.estimate_only else "")
 
     def layer_names(self) -> list[str]:
         return [f"model.layers.{i}.self_attn" for i in range(self.num_layers)]
@@ -204,7 +213,10 @@ class SpyreModelRunner:
         part_p = self._part(pre, Tp, Sp, Sd, ids, pos, li, rows, Sd)
         self.stats.padded_tokens += T - len(dec) - real_p
         self.stats.shapes.add((Sd, Tp, Sp, part_d[1].shape[1], part_p[1].shape[1]))
-        return tuple(x.to(self.device) for x in (ids, pos, li) + part_d + part_p), rows
+        host = (ids, pos, li) + part_d + part_p
+        if self.estimate_only:          # the card holds no values: inputs of the right shapes only
+            return tuple(torch.empty_like(x, device=self.device) for x in host), rows
+        return tuple(x.to(self.device) for x in host), rows
 
     # ------------------------------------------------------------------ scheduler output -> step
     def _update_states(self, so: Any) -> None:
@@ -271,10 +283,13 @@ class SpyreModelRunner:
         with profile(record_segments=False) as prof:
             logits = self._run(inputs)
             greedy = all(r.params is None or r.params.temperature < 1e-5 for r, s in zip(reqs, sample) if s)
-            if greedy:
+            if self.estimate_only:
+                torch.argmax(logits, dim=-1)                    # costed like a real step's pick
+                ids = [self.stand_in_token] * len(seqs)
+            elif greedy:
                 top = torch.argmax(logits, dim=-1).cpu().tolist()
                 ids = [top[r] for r in rows]
-        if not greedy:
+        if not greedy and not self.estimate_only:
             ids = self._sample_host(logits.float().cpu()[rows], reqs, sample)
         wall = time.perf_counter() - t0
         est = prof.total_est_us + sum(f.est_us for f in prof.fallbacks)
@@ -331,7 +346,9 @@ class SpyreModelRunner:
         batch, which must reuse it); returns the seconds spent compiling."""
         c0 = self.stats.compile_s
         for seqs in (self.dummy_inputs(min(self.max_tokens, 64), 3), self.dummy_inputs(4, 4)):
-            torch.argmax(self._run(self._inputs(seqs)[0]), dim=-1).cpu()
+            top = torch.argmax(self._run(self._inputs(seqs)[0]), dim=-1)
+            if not self.estimate_only:
+                top.cpu()
         self.stats.shapes.clear()
         self.stats.padded_tokens = 0
         return self.stats.compile_s - c0
