@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -142,6 +143,25 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_estimate(opts: argparse.Namespace) -> int:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vspyre serve-estimate drives vLLM's engine: install vLLM beside vspyre (make test-vllm builds "
+              ".venv-vllm; or pip install vspyre[vllm])", file=sys.stderr)
+        return 2
+    if opts.hw:
+        from . import hardware
+        if opts.hw not in hardware.PRESETS:
+            print(f"unknown hardware preset {opts.hw!r}; presets: {', '.join(hardware.PRESETS)}", file=sys.stderr)
+            return 2
+        import dataclasses
+        os.environ["VSPYRE_HW"] = opts.hw
+        hardware.set_config(dataclasses.replace(hardware.PRESETS[opts.hw], num_cards=hardware.get_config().num_cards))
+    from .vllm_plugin import serve_estimate
+    return serve_estimate.main(opts)
+
+
 def _cmd_make_model(opts: argparse.Namespace) -> int:
     import torch
 
@@ -209,6 +229,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_estimate)
+    p = sub.add_parser("serve-estimate", help="throughput and latency of a full-size LLM served by vLLM on the card "
+                       "at a given load, on a virtual clock (estimate-only: no weights, steps costed not run)")
+    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b")
+    p.add_argument("--config", help="a transformers config.json instead of a built-in name")
+    p.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    p.add_argument("--qps", default="inf", help="request rates, comma-separated (inf: all at once); Poisson arrivals")
+    p.add_argument("--requests", type=int, default=100)
+    p.add_argument("--prompt", default="512", help="prompt tokens: N or LO:HI (uniform)")
+    p.add_argument("--output", default="128", help="output tokens: N or LO:HI (uniform); outputs run to their length")
+    p.add_argument("--trace", default=None, help="CSV of arrival_s,prompt_tokens,output_tokens instead of --qps/--prompt/--output")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--prefix-caching", action="store_true")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--backend", default="inductor", choices=["inductor", "standalone", "both"])
+    p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, measured)")
+    p.add_argument("--out", default="vspyre-serve-estimate")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=_cmd_serve_estimate)
     p = sub.add_parser("make-model", help="write a tiny decoder checkpoint (config.json, safetensors, tokenizer) "
                        "to serve with vLLM (random weights; nothing downloaded)")
     p.add_argument("dir")

@@ -64,6 +64,7 @@ class StepStats:
     fallback_ops: collections.Counter = field(default_factory=collections.Counter)
     graphs: int = 0
     compile_s: float = 0.0
+    cost_cache_hits: int = 0        # estimate-only steps whose shape was already costed
     shapes: set = field(default_factory=set)
     per_step: list = field(default_factory=list)    # (kind, tokens, seqs, wall_s, est_us, fallbacks, kernels)
 
@@ -95,6 +96,9 @@ class SpyreModelRunner:
         hf = self.model_config.hf_config
         specials = {getattr(hf, k, None) for k in ("eos_token_id", "bos_token_id", "pad_token_id")}
         self.stand_in_token = next(t for t in range(3, 1 << 20) if t not in specials)
+        # estimate-only: a step's cost depends on its (bucketed) input shapes alone, so each shape is
+        # compiled, planned and costed once: shapes -> (estimated us, kernels, host fallbacks)
+        self.cost_cache: dict[tuple, tuple[float, int, int]] = {}
 
     # ------------------------------------------------------------------ model and cache
     def load_model(self) -> None:
@@ -280,6 +284,12 @@ class SpyreModelRunner:
 
         t0 = time.perf_counter()
         inputs, rows = self._inputs(seqs)
+        key = tuple(tuple(t.shape) for t in inputs)
+        if self.estimate_only and key in self.cost_cache:
+            est, nk, fbs = self.cost_cache[key]
+            self.stats.cost_cache_hits += 1
+            self._account(seqs, reqs, time.perf_counter() - t0, est, fbs, nk, ())
+            return [self.stand_in_token if s else None for s in sample]
         with profile(record_segments=False) as prof:
             logits = self._run(inputs)
             greedy = all(r.params is None or r.params.temperature < 1e-5 for r, s in zip(reqs, sample) if s)
@@ -291,16 +301,22 @@ class SpyreModelRunner:
                 ids = [top[r] for r in rows]
         if not greedy and not self.estimate_only:
             ids = self._sample_host(logits.float().cpu()[rows], reqs, sample)
-        wall = time.perf_counter() - t0
         est = prof.total_est_us + sum(f.est_us for f in prof.fallbacks)
-        fbs = len(prof.fallbacks)
+        if self.estimate_only:
+            self.cost_cache[key] = (est, len(prof.kernels), len(prof.fallbacks))
+        self._account(seqs, reqs, time.perf_counter() - t0, est, len(prof.fallbacks), len(prof.kernels),
+                      [f.op for f in prof.fallbacks])
+        return [int(ids[i]) if s else None for i, s in enumerate(sample)]
+
+    def _account(self, seqs: list, reqs: list[_Request], wall: float, est: float, fbs: int, kernels: int,
+                 fallback_ops: Any) -> None:
         st = self.stats
         st.steps += 1
         st.wall_s += wall
         st.device_est_us += est
         st.host_fallbacks += fbs
-        new_ops = {f.op for f in prof.fallbacks} - set(st.fallback_ops)
-        st.fallback_ops.update(f.op for f in prof.fallbacks)
+        new_ops = set(fallback_ops) - set(st.fallback_ops)
+        st.fallback_ops.update(fallback_ops)
         if new_ops:       # nothing runs on the host silently: the first time per op, say so
             log.warning("vspyre: a %s step ran ops on the host (host fallbacks): %s", self.backend,
                         ", ".join(sorted(new_ops)))
@@ -309,8 +325,7 @@ class SpyreModelRunner:
         st.decode_tokens += decode
         st.prefill_tokens += n_tok - decode
         kind = "decode" if decode == len(seqs) else ("prefill" if decode == 0 else "mixed")
-        st.per_step.append((kind, n_tok, len(seqs), wall, est, fbs, len(prof.kernels)))
-        return [int(ids[i]) if s else None for i, s in enumerate(sample)]
+        st.per_step.append((kind, n_tok, len(seqs), wall, est, fbs, kernels))
 
     def _sample_host(self, logits: torch.Tensor, reqs: list[_Request], sample: list[bool]) -> list[int]:
         """Temperature, top-k and top-p sampling on the host with vLLM's own functions."""

@@ -149,6 +149,11 @@ class SpyreWorker(WorkerBase):
     def list_loras(self) -> set[int]:
         return set()
 
+    def runner_object(self) -> Any:
+        """The model runner itself (in-process engines: ``vspyre serve-estimate`` reads its step
+        costs as the engine steps)."""
+        return self.model_runner
+
     def runner_stats(self) -> dict:
         """The runner's counters (``collective_rpc("runner_stats")``): steps, tokens, host
         fallbacks, estimated device time, graphs compiled and compile time."""
