@@ -202,6 +202,13 @@ class SpyreKernel(SIMDKernel):
     kexpr = staticmethod(str)
 
     def __init__(self, tiling: dict[str, sympy.Expr], **kwargs: Any) -> None:
+        features = kwargs.get("features")
+        if features is not None:
+            # Tile programs compute addresses exactly (no 32-bit index type to pick), so the kernel
+            # must not ask Inductor's 32-bit check, which guards symbolic sizes to fit int32: an
+            # 8B model's matmul range (tokens x 4096 x 4096) recompiled the vLLM step graph at 128
+            # tokens, and again at every size past each guard.
+            features.select_index_dtype = lambda: torch.int64
         super().__init__(tiling, **kwargs)
         self._entries: dict[sympy.Symbol, sympy.Expr] = {}
         self._loaded: set[str] = set()
