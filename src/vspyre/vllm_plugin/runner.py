@@ -116,10 +116,14 @@ class SpyreModelRunner:
         """Device bytes of one KV-cache block over all layers (keys and values)."""
         return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * self.dtype.itemsize
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the key and value caches of ``num_blocks`` blocks on the device."""
         shape = (num_blocks, self.block_size, self.kv_heads, self.head_dim)
-        self.kv_caches = [(torch.empty(shape, dtype=self.dtype, device=self.device),
-                           torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]
+        return [(torch.empty(shape, dtype=self.dtype, device=self.device),
+                 torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = self.allocate_kv(num_blocks)
         self.num_blocks = num_blocks
         log.info("vspyre: KV cache of %d blocks x %d tokens (%d layers, %d kv heads x %d, %s): %.2f GiB on %s",
                  num_blocks, self.block_size, self.num_layers, self.kv_heads, self.head_dim, self.dtype,

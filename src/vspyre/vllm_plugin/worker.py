@@ -101,7 +101,7 @@ class SpyreWorker(WorkerBase):
         base = torch.spyre.memory_allocated(self.device)
         saved, backend = r.kv_caches, r.backend
         try:
-            r.initialize_kv_cache(blocks)
+            r.kv_caches = r.allocate_kv(blocks)
             cache_bytes = torch.spyre.memory_allocated(self.device) - base
             seqs = [([0] * tokens, list(range(1, blocks)), 0, tokens)]
             r.backend = "eager"
