@@ -104,20 +104,26 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = None) -> dict[str, Any]:
-    """One compiler at one load: vLLM's engine on the virtual clock. Returns the metrics (vLLM's
-    benchmark client's names, in ms) and the engine's start-up (graphs, compile time)."""
+    """One compiler at one load (see :func:`run_loads`)."""
+    return run_loads(path, backend, [load], engine, progress)[0]
+
+
+def run_loads(path: str, backend: str, loads: list[Load], engine: Engine, progress: Any = None) -> list[dict[str, Any]]:
+    """One compiler at each load in turn, on ONE engine (compiled once; the clock restarts at 0
+    for each load, whose requests start on an idle engine): vLLM's engine on the virtual clock.
+    Returns, per load, the metrics (vLLM's benchmark client's names, in ms) and the engine's
+    start-up (graphs, compile time)."""
     os.environ["VSPYRE_VLLM_BACKEND"] = backend
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
-    from vllm import SamplingParams
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from .. import compat, hardware
+    from .. import compat
 
     compat.get("dynamo_reset")()
-    arrivals = load.arrivals()
     t0 = time.perf_counter()
+    out = []
     with torch.spyre.estimate_only():
         args = EngineArgs(model=path, skip_tokenizer_init=True, dtype=engine.dtype, seed=0,
                           max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
@@ -126,39 +132,10 @@ def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = Non
         try:
             startup_s = time.perf_counter() - t0
             runner = llm.collective_rpc("runner_object")[0]
-            graphs0, compile0 = runner.stats.graphs, runner.stats.compile_s
-            vocab = llm.model_config.get_vocab_size()
-            rng = random.Random(load.seed + 1)
-            reqs: dict[str, dict] = {}
-            clock, i, steps = 0.0, 0, 0
-            wall0 = time.perf_counter()
-            while i < len(arrivals) or llm.has_unfinished_requests():
-                while i < len(arrivals) and arrivals[i][0] <= clock:
-                    a, p, o = arrivals[i]
-                    rid = str(i)
-                    ids = [rng.randrange(3, vocab) for _ in range(p)]     # distinct prompts: no prefix hits by chance
-                    llm.add_request(rid, {"prompt_token_ids": ids},
-                                    SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0))
-                    reqs[rid] = {"arrival": a, "prompt": p, "output": o, "times": []}
-                    i += 1
-                if not llm.has_unfinished_requests():
-                    clock = arrivals[i][0]
-                    continue
-                n0 = len(runner.stats.per_step)
-                outs = llm.step()
-                new = runner.stats.per_step[n0:]
-                clock += sum(s[4] for s in new) / 1e6
-                steps += len(new)
-                for out in outs:
-                    r = reqs[out.request_id]
-                    got = len(out.outputs[0].token_ids) if out.outputs else 0
-                    r["times"].extend([clock] * (got - len(r["times"])))
-                if progress is not None:
-                    progress(len(arrivals), sum(1 for r in reqs.values() if len(r["times"]) >= r["output"]))
-            wall_s = time.perf_counter() - wall0
-            st = runner.stats
-            per_step = list(st.per_step)
-            cache_hits, shapes = st.cost_cache_hits, len(runner.cost_cache)
+            start = {"startup_graphs": runner.stats.graphs, "startup_compile_s": runner.stats.compile_s,
+                     "engine_startup_s": startup_s}
+            for k, load in enumerate(loads):
+                out.append({**_drive(llm, runner, load, backend, f"{k}-", progress), **start})
         finally:
             llm.engine_core.shutdown()
             runner = llm.collective_rpc("runner_object")[0]
@@ -166,6 +143,48 @@ def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = Non
             del llm
             import gc
             gc.collect()
+    return out
+
+
+def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progress: Any) -> dict[str, Any]:
+    """One load through an idle engine on a virtual clock starting at 0: the metrics."""
+    from vllm import SamplingParams
+
+    from .. import hardware
+
+    arrivals = load.arrivals()
+    vocab = llm.model_config.get_vocab_size()
+    rng = random.Random(load.seed + 1)
+    reqs: dict[str, dict] = {}
+    clock, i = 0.0, 0
+    st = runner.stats
+    n_start, hits0, shapes0 = len(st.per_step), st.cost_cache_hits, len(runner.cost_cache)
+    pad0, fb0 = st.padded_tokens, st.host_fallbacks
+    wall0 = time.perf_counter()
+    while i < len(arrivals) or llm.has_unfinished_requests():
+        while i < len(arrivals) and arrivals[i][0] <= clock:
+            a, p, o = arrivals[i]
+            rid = f"{prefix}{i}"
+            ids = [rng.randrange(3, vocab) for _ in range(p)]     # distinct prompts: no prefix hits by chance
+            llm.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0))
+            reqs[rid] = {"arrival": a, "prompt": p, "output": o, "times": []}
+            i += 1
+        if not llm.has_unfinished_requests():
+            clock = arrivals[i][0]
+            continue
+        n0 = len(st.per_step)
+        outs = llm.step()
+        clock += sum(s[4] for s in st.per_step[n0:]) / 1e6
+        for o_ in outs:
+            r = reqs[o_.request_id]
+            got = len(o_.outputs[0].token_ids) if o_.outputs else 0
+            r["times"].extend([clock] * (got - len(r["times"])))
+        if progress is not None:
+            progress(len(arrivals), sum(1 for r in reqs.values() if len(r["times"]) >= r["output"]))
+    wall_s = time.perf_counter() - wall0
+    per_step = st.per_step[n_start:]
+    steps = len(per_step)
+    cache_hits, shapes = st.cost_cache_hits - hits0, len(runner.cost_cache) - shapes0
     ttft = [1e3 * (r["times"][0] - r["arrival"]) for r in reqs.values() if r["times"]]
     tpot = [1e3 * (r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1) for r in reqs.values()
             if len(r["times"]) > 1]
@@ -190,9 +209,9 @@ def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = Non
         "request_throughput": len(done) / duration if duration else float("nan"),
         "output_throughput": out_tokens / duration if duration else float("nan"),
         "total_token_throughput": (sum(r["prompt"] for r in done) + out_tokens) / duration if duration else float("nan"),
-        "steps": steps, "step_kinds": kinds, "startup_graphs": graphs0, "startup_compile_s": compile0,
-        "engine_startup_s": startup_s, "wall_s": wall_s, "shapes_costed": shapes, "cost_cache_hits": cache_hits,
-        "padded_tokens": st.padded_tokens, "host_fallbacks": st.host_fallbacks,
+        "steps": steps, "step_kinds": kinds, "wall_s": wall_s, "shapes_costed": shapes, "cost_cache_hits": cache_hits,
+        "padded_tokens": st.padded_tokens - pad0, "host_fallbacks": st.host_fallbacks - fb0,
+        "graphs_total": st.graphs,
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
         m[f"mean_{name}_ms"] = sum(xs) / len(xs) if xs else float("nan")
@@ -244,14 +263,20 @@ def main(opts: Any) -> int:
     qps_list = [math.inf if q in ("inf", "all") else float(q) for q in opts.qps.split(",")]
     report = Report(label, engine, Load(qps_list[0], opts.requests, lengths(opts.prompt), lengths(opts.output),
                                         opts.seed, opts.trace))
+    loads = [Load(q, opts.requests, lengths(opts.prompt), lengths(opts.output), opts.seed, opts.trace)
+             for q in qps_list]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=opts.no_progress) as bar:
         for b in backends:
-            for q in qps_list:
-                load = Load(q, opts.requests, lengths(opts.prompt), lengths(opts.output), opts.seed, opts.trace)
-                task = bar.add_task(f"{label} {b} qps={q:g}", total=None)
-                report.runs.append(run(path, b, load, engine,
-                                       progress=lambda n, k, t=task: bar.update(t, total=n, completed=k)))
+            task = bar.add_task(f"{label} {b} ({len(loads)} rate{'s' * (len(loads) > 1)}): requests done",
+                                total=None)
+            done: list[int] = []
+
+            def step(n: int, k: int, t: Any = task, done: list = done) -> None:
+                bar.update(t, total=n * len(loads), completed=sum(done) + k)
+                if k == n:
+                    done.append(n)
+            report.runs.extend(run_loads(path, b, loads, engine, progress=step))
     os.makedirs(opts.out, exist_ok=True)
     base = os.path.join(opts.out, f"serve-estimate-{os.path.basename(label).removesuffix('.json')}")
     with open(base + ".json", "w") as f:
