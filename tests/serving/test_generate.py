@@ -87,6 +87,7 @@ def test_greedy_equals_transformers(tiny_models, backend, prefix_caching):
         assert st["host_fallbacks"] == 0, st["fallback_ops"]
         assert st["backend"] == backend and st["graphs"] >= 1 and st["compile_s"] > 0
         assert st["device_est_us"] > 0
+        assert 2 <= st["step_shapes"] < len(st["per_step"])          # steps share bucketed shapes
         if prefix_caching:
             # the same prompts again (one longer, diverging after its shared prefix): served from the
             # prefix cache, still the same tokens

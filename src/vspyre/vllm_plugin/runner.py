@@ -65,7 +65,7 @@ class StepStats:
     graphs: int = 0
     compile_s: float = 0.0
     cost_cache_hits: int = 0        # estimate-only steps whose shape was already costed
-    shapes: set = field(default_factory=set)
+    shapes: set = field(default_factory=set)       # distinct bucketed step shapes (each planned once)
     per_step: list = field(default_factory=list)    # (kind, tokens, seqs, wall_s, est_us, fallbacks, kernels)
 
 
@@ -230,8 +230,6 @@ class SpyreModelRunner:
     def _update_states(self, so: Any) -> None:
         for rid in so.finished_req_ids:
             self.requests.pop(rid, None)
-        for rid in getattr(so, "preempted_req_ids", None) or ():
-            pass                                                  # resumed later with fresh block ids
         for nr in so.scheduled_new_reqs:
             gen = None
             sp = nr.sampling_params

@@ -160,7 +160,7 @@ class SpyreWorker(WorkerBase):
         s = self.model_runner.stats
         return {"steps": s.steps, "prefill_tokens": s.prefill_tokens, "decode_tokens": s.decode_tokens,
                 "prefix_hit_tokens": s.prefix_hit_tokens,
-                "padded_tokens": s.padded_tokens, "wall_s": s.wall_s, "device_est_us": s.device_est_us,
+                "padded_tokens": s.padded_tokens, "step_shapes": len(s.shapes), "wall_s": s.wall_s, "device_est_us": s.device_est_us,
                 "host_fallbacks": s.host_fallbacks, "fallback_ops": dict(s.fallback_ops), "graphs": s.graphs, "compile_s": s.compile_s,
                 "backend": self.model_runner.backend, "per_step": list(s.per_step), "pid": os.getpid(),
                 "time": time.time()}
