@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,20 +64,19 @@ def one(backend: str, model: str, requests: int, seed: int) -> dict:
 
 
 def _summary(r: dict) -> dict:
+    from vspyre.vllm_plugin.runner import Step, by_kind
+
     out = {}
     for i, p in enumerate(r["passes"]):
-        steps = p["steps"]
-        kinds = {}
-        for k in ("prefill", "mixed", "decode"):
-            ks = [s for s in steps if s[0] == k]
-            if ks:
-                kinds[k] = {"steps": len(ks), "wall_ms": 1e3 * statistics.mean(s[3] for s in ks),
-                            "est_us": statistics.mean(s[4] for s in ks), "tokens": statistics.mean(s[1] for s in ks)}
+        steps = [Step._make(s) for s in p["steps"]]
+        n = max(len(steps), 1)
+        kinds = {k: {"steps": d["steps"], "wall_ms": 1e3 * d["mean_wall_s"], "est_us": d["mean_est_us"],
+                     "tokens": d["mean_tokens"]} for k, d in by_kind(steps).items()}
         out[f"pass{i + 1}"] = {
-            "steps": len(steps), "wall_ms_per_step": 1e3 * sum(s[3] for s in steps) / max(len(steps), 1),
-            "fallbacks_per_step": sum(s[5] for s in steps) / max(len(steps), 1),
-            "kernels_per_step": sum(s[6] for s in steps) / max(len(steps), 1),
-            "est_ms_total": sum(s[4] for s in steps) / 1e3, "graphs": p["graphs"], "kinds": kinds}
+            "steps": len(steps), "wall_ms_per_step": 1e3 * sum(s.wall_s for s in steps) / n,
+            "fallbacks_per_step": sum(s.fallbacks for s in steps) / n,
+            "kernels_per_step": sum(s.kernels for s in steps) / n,
+            "est_ms_total": sum(s.est_us for s in steps) / 1e3, "graphs": p["graphs"], "kinds": kinds}
     return out
 
 

@@ -22,7 +22,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,6 +50,32 @@ class _Request:
     generator: torch.Generator | None = None
 
 
+class Step(NamedTuple):
+    """One engine step as the runner ran it."""
+    kind: str            # "prefill", "decode" or "mixed"
+    tokens: int
+    seqs: int
+    wall_s: float        # host wall time
+    est_us: float        # the card's estimated device time (kernels + host fallbacks' link traffic)
+    fallbacks: int
+    kernels: int
+
+
+def by_kind(steps: list) -> dict[str, dict[str, float]]:
+    """Steps summed and averaged per kind: steps, est_us, tokens, wall_s and their means."""
+    out: dict[str, dict[str, float]] = {}
+    for s in map(Step._make, steps):
+        d = out.setdefault(s.kind, {"steps": 0, "est_us": 0.0, "tokens": 0, "wall_s": 0.0})
+        d["steps"] += 1
+        d["est_us"] += s.est_us
+        d["tokens"] += s.tokens
+        d["wall_s"] += s.wall_s
+    for d in out.values():
+        d.update(mean_est_us=d["est_us"] / d["steps"], mean_tokens=d["tokens"] / d["steps"],
+                 mean_wall_s=d["wall_s"] / d["steps"])
+    return out
+
+
 @dataclass
 class StepStats:
     """What the runner did, for the start-up report, tests and benchmarks."""
@@ -66,7 +92,7 @@ class StepStats:
     compile_s: float = 0.0
     cost_cache_hits: int = 0        # estimate-only steps whose shape was already costed
     shapes: set = field(default_factory=set)       # distinct bucketed step shapes (each planned once)
-    per_step: list = field(default_factory=list)    # (kind, tokens, seqs, wall_s, est_us, fallbacks, kernels)
+    per_step: list[Step] = field(default_factory=list)
 
 
 class SpyreModelRunner:
@@ -327,7 +353,7 @@ class SpyreModelRunner:
         st.decode_tokens += decode
         st.prefill_tokens += n_tok - decode
         kind = "decode" if decode == len(seqs) else ("prefill" if decode == 0 else "mixed")
-        st.per_step.append((kind, n_tok, len(seqs), wall, est, fbs, kernels))
+        st.per_step.append(Step(kind, n_tok, len(seqs), wall, est, fbs, kernels))
 
     def _sample_host(self, logits: torch.Tensor, reqs: list[_Request], sample: list[bool]) -> list[int]:
         """Temperature, top-k and top-p sampling on the host with vLLM's own functions."""

@@ -26,6 +26,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
+from .runner import by_kind
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -92,15 +96,6 @@ def model_dir(name: str | None = None, config: str | None = None, layers: int | 
     d = tempfile.mkdtemp(prefix="vspyre-serve-estimate-")
     cfg.to_json_file(os.path.join(d, "config.json"))
     return d
-
-
-def _pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = None) -> dict[str, Any]:
@@ -174,7 +169,7 @@ def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progres
             continue
         n0 = len(st.per_step)
         outs = llm.step()
-        clock += sum(s[4] for s in st.per_step[n0:]) / 1e6
+        clock += sum(s.est_us for s in st.per_step[n0:]) / 1e6
         for o_ in outs:
             r = reqs[o_.request_id]
             got = len(o_.outputs[0].token_ids) if o_.outputs else 0
@@ -194,15 +189,7 @@ def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progres
     duration = max((r["times"][-1] for r in done), default=0.0) - min((r["arrival"] for r in reqs.values()),
                                                                       default=0.0)
     out_tokens = sum(len(r["times"]) for r in reqs.values())
-    kinds: dict[str, dict] = {}
-    for k, tokens, seqs, _, est, *_ in per_step:
-        d = kinds.setdefault(k, {"steps": 0, "est_us": 0.0, "tokens": 0})
-        d["steps"] += 1
-        d["est_us"] += est
-        d["tokens"] += tokens
-    for d in kinds.values():
-        d["mean_est_us"] = d["est_us"] / d["steps"]
-        d["mean_tokens"] = d["tokens"] / d["steps"]
+    kinds = by_kind(per_step)
     m = {
         "backend": backend, "hw": hardware.get_config().name, "qps": load.qps, "requests": len(reqs),
         "completed": len(done), "duration_s": duration,
@@ -214,9 +201,9 @@ def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progres
         "graphs_total": st.graphs,
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
-        m[f"mean_{name}_ms"] = sum(xs) / len(xs) if xs else float("nan")
-        for p in PERCENTILES:
-            m[f"p{p}_{name}_ms"] = _pct(xs, p)
+        m[f"mean_{name}_ms"] = float(np.mean(xs)) if xs else float("nan")
+        for p, v in zip(PERCENTILES, np.percentile(xs, PERCENTILES) if xs else [float("nan")] * len(PERCENTILES)):
+            m[f"p{p}_{name}_ms"] = float(v)
     return m
 
 
@@ -261,10 +248,9 @@ def main(opts: Any) -> int:
                     opts.dtype)
     backends = ["inductor", "standalone"] if opts.backend == "both" else [opts.backend]
     qps_list = [math.inf if q in ("inf", "all") else float(q) for q in opts.qps.split(",")]
-    report = Report(label, engine, Load(qps_list[0], opts.requests, lengths(opts.prompt), lengths(opts.output),
-                                        opts.seed, opts.trace))
     loads = [Load(q, opts.requests, lengths(opts.prompt), lengths(opts.output), opts.seed, opts.trace)
              for q in qps_list]
+    report = Report(label, engine, loads[0])
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=opts.no_progress) as bar:
         for b in backends:
