@@ -246,8 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-caching", action="store_true")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--backend", default="inductor", choices=["inductor", "standalone", "both"])
+    p.add_argument("--batching", default="native", choices=["native", "continuous", "static", "both"],
+                   help="continuous (vLLM's scheduler, chunked prefill, symbolic shapes) or static (warmup shapes "
+                        "compiled at start-up, one padded batch at a time); native: standalone static, inductor "
+                        "continuous, as each stack served")
+    p.add_argument("--warmup-shapes", default=None,
+                   help="static batching's shapes, PROMPTxNEWxBATCH comma-separated (default: the load's longest "
+                        "prompt in 64-token blocks x its longest output x --static-batch)")
+    p.add_argument("--static-batch", type=int, default=4, help="batch size of the default warmup shape")
+    p.add_argument("--startup-warm", action="store_true",
+                   help="also start a second engine with the compiler's caches warm and report its compile time")
     p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, measured)")
     p.add_argument("--out", default="vspyre-serve-estimate")
+    p.add_argument("--no-plot", action="store_true", help="no latency-throughput PNG")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_serve_estimate)
     p = sub.add_parser("make-model", help="write a tiny decoder checkpoint (config.json, safetensors, tokenizer) "

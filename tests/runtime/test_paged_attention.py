@@ -103,6 +103,30 @@ def test_checked_mode_agrees_with_fast_mode(dtype):
 
 
 @pytest.mark.parametrize("mode", ["fast", "checked"])
+def test_a_static_batch_bounds_its_queries_by_max_query_len(mode):
+    """Three prompts padded to 4 tokens each (a static batch: T = 12, S = 3): with
+    ``max_query_len=4`` the program has 4 query rows per sequence, not T - S + 1 = 10; the result is
+    the reference's; a sequence with more tokens than the bound stops the kernel, naming it."""
+    seqs = ((4, 4), (3, 3), (2, 2))
+    args = _batch(seqs=seqs, tokens=12, seed=5)
+    specs = [L.spec_of(t) for t in args + [args[0]]]
+    assert L.paged_attention_launches(*specs, SCALE)[1][0].dim("x3").size == 10
+    assert L.paged_attention_launches(*specs, SCALE, 0, 4)[1][0].dim("x3").size == 4
+    want = paged.reference(*_clone(args), SCALE, 0, 4)
+    out = torch.full_like(args[0], float("nan"))
+    ts = _clone(args) + [out]
+    for prog, idx in L.paged_attention_launches(*specs, SCALE, 0, 4):
+        runtime.launch(prog, *[ts[i] for i in idx], mode=mode)
+    torch.testing.assert_close(out, want, **TOL[torch.float32])
+    ts = _clone(args) + [out]
+    with pytest.raises(DeviceAssertError, match=r"a sequence has more tokens .* = 3"):
+        for prog, idx in L.paged_attention_launches(*specs, SCALE, 0, 3):
+            runtime.launch(prog, *[ts[i] for i in idx], mode=mode)
+    with pytest.raises(ValueError, match=r"spyre::paged_attention: a sequence has 4 tokens .* max_query_len=3"):
+        paged.reference(*_clone(args), SCALE, 0, 3)
+
+
+@pytest.mark.parametrize("mode", ["fast", "checked"])
 def test_a_batch_outside_the_program_form_stops_the_kernel(mode):
     """No sequence may have more tokens than T - S + 1 (the program's query dim); the program
     checks it on the card, as it checks the block ids it reads."""

@@ -171,24 +171,58 @@ def test_fp16_as_served(tiny_models):
         assert _greedy(llm, prompts) == _reference(path, prompts)
 
 
-def test_estimate_only_steps_equal_functional(tiny_models):
+@pytest.mark.parametrize("backend,batching", [("inductor", "continuous"), ("standalone", "static")])
+def test_estimate_only_steps_equal_functional(tiny_models, backend, batching):
     """The engine in estimate-only mode (the card plans and costs every step without running it,
     weights from the config alone) makes the same scheduling decisions as a functional run of the
     same load, step by step, at the same estimated device time per step: the ground a virtual-clock
-    serving estimate stands on."""
+    serving estimate stands on. Each stack as it served: Inductor with continuous batching, the
+    standalone compiler with static batching."""
     path = tiny_models["llama"]
     prompts = _prompts()
+    env = {"VSPYRE_VLLM_BATCHING": batching, "VSPYRE_VLLM_WARMUP_SHAPES": "256x16x4"}
 
     def steps(st):
         return [(kind, tokens, seqs, round(est, 6), fb) for kind, tokens, seqs, _, est, fb, _ in st["per_step"]]
 
-    with _llm(path, "inductor") as llm:
+    with mock.patch.dict(os.environ, env), _llm(path, backend) as llm:
         _greedy(llm, prompts)
         functional = _stats(llm)
-    with torch.spyre.estimate_only():
-        with _llm(path, "inductor") as llm:
+    with mock.patch.dict(os.environ, env), torch.spyre.estimate_only():
+        with _llm(path, backend) as llm:
             out = _greedy(llm, prompts)
             estimated = _stats(llm)
     assert [len(o) for o in out] == [N_NEW] * len(prompts)
     assert steps(estimated) == steps(functional) and len(steps(functional)) > 5
     assert estimated["host_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("backend", ["standalone", "inductor"])
+def test_static_batching_equals_transformers(tiny_models, backend):
+    """Static batching on warmup shapes (the old stack's way): one prefill and one decode graph per
+    shape compiled at start-up and none after; batches of up to the shape's size, nothing joining
+    a running batch; prompts padded to the shape; the same greedy tokens as transformers."""
+    from vllm import SamplingParams
+
+    path = tiny_models["llama"]
+    prompts = _prompts()
+    want = _reference(path, prompts)
+    env = {"VSPYRE_VLLM_BATCHING": "static", "VSPYRE_VLLM_WARMUP_SHAPES": "64x16x4,256x16x2"}
+    with mock.patch.dict(os.environ, env), _llm(path, backend) as llm:
+        st0 = _stats(llm)
+        assert st0["graphs"] == 4                      # 2 shapes x (prefill, decode), at start-up
+        assert _greedy(llm, prompts) == want
+        st = _stats(llm)
+        assert st["graphs"] == 4 and st["host_fallbacks"] == 0
+        kinds = [k for k, *_ in st["per_step"]]
+        assert "mixed" not in kinds
+        # per batch: one prefill step, then N_NEW - 1 decode steps with the same sequences
+        prefills = [i for i, k in enumerate(kinds) if k == "prefill"]
+        for a, b in zip(prefills, prefills[1:] + [len(kinds)]):
+            assert b - a == N_NEW and {s[2] for s in st["per_step"][a:b]} == {st["per_step"][a][2]}
+        # arrival order 5 17 70 150 3 200 33 64: the oldest picks the shape, whoever fits joins:
+        # [5 17 3 33] on 64x16x4, then [70 150] and [200 64] on 256x16x2
+        assert [st["per_step"][i][2] for i in prefills] == [4, 2, 2]
+        assert st["padded_tokens"] > 0
+        with pytest.raises(ValueError, match="no warmup shape holds a 300-token prompt"):
+            llm.generate([{"prompt_token_ids": [5] * 300}], SamplingParams(max_tokens=4), use_tqdm=False)

@@ -43,3 +43,50 @@ def test_cli_writes_json_and_markdown(tiny_models, tmp_path):
     assert rep["runs"][0]["backend"] == "standalone" and rep["runs"][0]["hw"] == "measured"
     assert "no host overhead" in rep["assumes"]
     assert "hardware preset `measured`" in (tmp_path / "serve-estimate-config.md").read_text()
+
+
+def test_static_batching_as_the_old_stack_served(tiny_models):
+    """Static batching on the virtual clock: the warmup shape's two graphs compiled at start-up and
+    none after, batches of at most the shape's size with nothing joining a running one (so the
+    decode steps hold at most 4 sequences), prompts padded to the shape (padding counted); and
+    against continuous batching at the same load, the latency cost of waiting for a batch to drain."""
+    from vspyre.vllm_plugin import serve_estimate as SE
+
+    path = SE.model_dir(config=str(tiny_models["llama"]) + "/config.json")
+    load = SE.Load(qps=math.inf, requests=10, prompt=(16, 100), output=(3, 8), seed=2)
+    eng = SE.Engine(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=512)
+    shapes = SE.default_warmup_shapes(load)
+    assert shapes == f"{-(-max(p for _, p, _ in load.arrivals()) // 64) * 64}x{max(o for *_, o in load.arrivals())}x4"
+    st = SE.run(path, "standalone", load, eng, batching="static", warmup_shapes=shapes)
+    co = SE.run(path, "standalone", load, eng, batching="continuous")
+    assert st["completed"] == co["completed"] == 10 and st["host_fallbacks"] == co["host_fallbacks"] == 0
+    assert st["startup_graphs"] == st["graphs_total"] == 2 and st["batching"] == "static"
+    assert st["max_num_seqs"] == 4 and st["max_num_batched_tokens"] == 4 * int(shapes.split("x")[0])
+    assert set(st["step_kinds"]) == {"prefill", "decode"} and "mixed" in co["step_kinds"]
+    assert st["step_kinds"]["prefill"]["steps"] == 3                      # 10 requests in batches of 4, 4, 2
+    assert st["padding_fraction"] > co["padding_fraction"] > 0
+    assert st["p50_queue_ms"] > co["p50_queue_ms"] and st["p99_ttft_ms"] > co["p99_ttft_ms"]
+    for m in (st, co):
+        assert 0 < m["kv_cache_usage_mean"] <= m["kv_cache_usage_max"] < 1 and m["preemptions"] == 0
+        assert 0 <= m["p50_queue_ms"] <= m["p50_ttft_ms"]
+
+
+def test_cli_both_strategies_and_plot(tiny_models, tmp_path):
+    from vspyre.cli import main
+
+    rc = main(["serve-estimate", "--config", str(tiny_models["llama"]) + "/config.json", "--requests", "5",
+               "--prompt", "20:60", "--output", "3", "--qps", "inf,50", "--max-num-batched-tokens", "64",
+               "--max-model-len", "256", "--out", str(tmp_path), "--no-progress", "--batching", "both",
+               "--warmup-shapes", "64x4x2"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "serve-estimate-config.json").read_text())
+    assert [(r["backend"], r["batching"], r["qps"]) for r in rep["runs"]] == [
+        ("inductor", "continuous", math.inf), ("inductor", "continuous", 50.0),
+        ("inductor", "static", math.inf), ("inductor", "static", 50.0)]
+    assert rep["runs"][2]["warmup_shapes"] == "64x4x2"
+    assert (tmp_path / "serve-estimate-config.png").stat().st_size > 10_000
+    md = (tmp_path / "serve-estimate-config.md").read_text()
+    assert "| inductor | static 64x4x2 | 50 |" in md
+    with pytest.raises(ValueError, match="warmup shape '65x4x2'"):
+        main(["serve-estimate", "--config", str(tiny_models["llama"]) + "/config.json", "--warmup-shapes", "65x4x2",
+              "--out", str(tmp_path), "--no-progress"])

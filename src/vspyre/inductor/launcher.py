@@ -132,7 +132,8 @@ class LibraryKernel:
         specs = [spec_of(t) for t in tensors]
         if self.kind == "paged_attention":       # several programs: the cache write, then the attention
             from ..ir.library import paged_attention_launches
-            for prog, idx in paged_attention_launches(*specs, p["scale"], p["sliding_window"], source="inductor"):
+            for prog, idx in paged_attention_launches(*specs, p["scale"], p["sliding_window"], p["max_query_len"],
+                                                      source="inductor"):
                 runtime.launch(prog, *[tensors[i] for i in idx], source="inductor")
             return
         if self.kind == "attention":

@@ -510,7 +510,8 @@ def _sort_default(x: Any, dim: int = -1, descending: bool = False) -> Any | None
 
 
 def _paged_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, block_table: Any,
-                     query_start_loc: Any, seq_lens: Any, scale: float, sliding_window: int = 0) -> Any | None:
+                     query_start_loc: Any, seq_lens: Any, scale: float, sliding_window: int = 0,
+                     max_query_len: int = 0) -> Any | None:
     """``spyre::paged_attention`` (vLLM's batch over a paged KV cache, ``vspyre.runtime.paged``) as
     one node that launches the card's programs (``vspyre.ir.library.paged_attention_launches``: the
     cache write, then the flash program through the block table). Inductor sees a functional op
@@ -519,7 +520,8 @@ def _paged_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_ma
     ins = [q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens]
     if not all(_on_spyre(x) for x in ins):
         return None
-    return _library_node("paged_attention", {"scale": float(scale), "sliding_window": int(sliding_window)}, ins,
+    return _library_node("paged_attention", {"scale": float(scale), "sliding_window": int(sliding_window),
+                                             "max_query_len": int(max_query_len)}, ins,
                          list(q.get_size()), q.get_dtype(), q.get_device())
 
 

@@ -566,13 +566,15 @@ def paged_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 PAGED_HOST_ROWS = 256    # query rows paged_attend scores at once (a long prefill's scores stay ~100 MB)
 
 
-def paged_qmax(tokens: int, seqs: int) -> int:
+def paged_qmax(tokens: int, seqs: int, max_query_len: int = 0) -> int:
     """The query dim of the paged-attention program: the most tokens one sequence can have in a
     step of ``tokens`` tokens (padding included) and ``seqs`` sequences each with at least one,
     ``tokens - seqs + 1``: 1 for a decode batch, ``tokens`` for a single prefill, the chunk's
-    length for one prefill chunk among decodes. From shapes only (a program is built without
+    length for one prefill chunk among decodes; or the caller's ``max_query_len`` if smaller (a
+    static batch of prompts padded to one length). From shapes only (a program is built without
     reading values); the program checks on the card that no sequence has more."""
-    return max(1, tokens - seqs + 1)
+    q = max(1, tokens - seqs + 1)
+    return min(q, max_query_len) if max_query_len > 0 else q
 
 
 def _concrete(what: str, *sizes: Any) -> tuple[int, ...]:
@@ -638,7 +640,8 @@ def kv_write(new: Spec, slots: Spec, cache: Spec, new2: Spec | None = None, cach
 
 @functools.lru_cache(maxsize=1024)
 def paged_attention(q: Spec, k_cache: Spec, v_cache: Spec, block_table: Spec, query_start_loc: Spec,
-                    seq_lens: Spec, out: Spec, scale: float, sliding_window: int = 0, name: str = "paged_attention",
+                    seq_lens: Spec, out: Spec, scale: float, sliding_window: int = 0, max_query_len: int = 0,
+                    name: str = "paged_attention",
                     source: str = "library") -> Program:
     """Attention of a step's tokens over a paged KV cache in ONE flash program (the caches already
     hold the step's keys and values: :func:`kv_write` runs first).
@@ -673,7 +676,7 @@ def paged_attention(q: Spec, k_cache: Spec, v_cache: Spec, block_table: Spec, qu
     if tuple(query_start_loc[1]) != (S + 1,) or tuple(seq_lens[1]) != (S,) or S < 1:
         raise ValueError(f"{name}: block_table {block_table[1]}, query_start_loc {query_start_loc[1]}, seq_lens "
                          f"{seq_lens[1]}: one row, S + 1 starts and one length per sequence (S >= 1)")
-    G, N, Q = HQ // H, MB * BS, paged_qmax(T, S)
+    G, N, Q = HQ // H, MB * BS, paged_qmax(T, S, max_query_len)
     msg = _paged_messages(Q)
     b = ProgramBuilder(name, source=source)
     qb, kb, vb = b.input("q", *q), b.input("k_cache", *k_cache), b.input("v_cache", *v_cache)
@@ -723,7 +726,7 @@ def paged_attention(q: Spec, k_cache: Spec, v_cache: Spec, block_table: Spec, qu
     os_ = out[2]
     b.store(ob, sym(tok) * os_[0] + head * os_[1] + e * os_[2], b.to(b.where(qmask, y, 0.0), out[0]),
             mask=b.lt(tok, T))
-    return b.build(host=("paged_attention", float(scale), int(sliding_window)))
+    return b.build(host=("paged_attention", float(scale), int(sliding_window), Q))
 
 
 def _paged_host(p: Program, hosts: Any) -> None:
@@ -733,10 +736,10 @@ def _paged_host(p: Program, hosts: Any) -> None:
     from .. import numerics
     from .ops import DeviceAssertError, host_value
 
-    _, scale, window = p.meta["host"]
+    _, scale, window, qmax = p.meta["host"]
     q, kc, vc, bt, qsl, sl, out = hosts
-    T, S, NB, BS = q.shape[0], bt.shape[0], kc.shape[0], kc.shape[1]
-    msg = _paged_messages(paged_qmax(T, S))
+    T, NB, BS = q.shape[0], kc.shape[0], kc.shape[1]
+    msg = _paged_messages(qmax)
     qsl, sl, bt = host_value(qsl), host_value(sl), host_value(bt)
     qlen = qsl[1:] - qsl[:-1]
 
@@ -746,7 +749,7 @@ def _paged_host(p: Program, hosts: Any) -> None:
 
     need(int(qsl[0]) == 0 and int(qsl[-1]) <= T, "ends")
     need(bool((qlen >= 0).all()), "order")
-    need(bool((qlen <= paged_qmax(T, S)).all()), "bound")
+    need(bool((qlen <= qmax).all()), "bound")
     need(bool(((qlen <= sl) & (sl <= bt.shape[1] * BS)).all()), "len")
     used = torch.arange(bt.shape[1] * BS)[None, :] < sl[:, None]
     blocks = bt.repeat_interleave(BS, dim=1)
@@ -761,7 +764,8 @@ HOST_FORMS["paged_attention"] = _paged_host
 @functools.lru_cache(maxsize=1024)
 def paged_attention_launches(q: Spec, k: Spec, v: Spec, k_cache: Spec, v_cache: Spec, slot_mapping: Spec,
                              block_table: Spec, query_start_loc: Spec, seq_lens: Spec, out: Spec, scale: float,
-                             sliding_window: int = 0, source: str = "library") -> tuple[tuple[Program, tuple[int, ...]], ...]:
+                             sliding_window: int = 0, max_query_len: int = 0,
+                             source: str = "library") -> tuple[tuple[Program, tuple[int, ...]], ...]:
     """The programs of one ``spyre::paged_attention`` call in launch order, each with the positions
     of its tensors among ``(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc,
     seq_lens, out)``: :func:`kv_write` (keys and values), then :func:`paged_attention`. Every path
@@ -771,5 +775,5 @@ def paged_attention_launches(q: Spec, k: Spec, v: Spec, k_cache: Spec, v_cache: 
         return ()
     write = kv_write(k, slot_mapping, k_cache, v, v_cache, source=source)
     attend = paged_attention(q, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, float(scale),
-                             int(sliding_window), source=source)
+                             int(sliding_window), int(max_query_len), source=source)
     return (write, (1, 2, 5, 3, 4)), (attend, (0, 3, 4, 6, 7, 8, 9))

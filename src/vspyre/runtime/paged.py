@@ -16,6 +16,10 @@ scheduled tokens; sequence ``s`` owns tokens ``query_start_loc[s] .. query_start
 and, after this step, holds ``seq_lens[s]`` tokens, so its ``i``-th token of the step sits at
 position ``seq_lens[s] - q_len[s] + i``. Tokens past ``query_start_loc[S]`` are padding (their
 output is 0); sequences with no token this step (padding rows) have ``q_len == 0``.
+``max_query_len`` (0: none) bounds the tokens any sequence has in this step when the caller knows
+more than the shapes say: a static batch of ``S`` prompts padded to ``P`` tokens each has ``T = S *
+P`` tokens but at most ``P`` per sequence, so the card's program is sized ``S x P`` query rows, not
+``S x (T - S + 1)``; it checks the bound.
 
 The cache write is a side effect that the op's schema does not declare, exactly as vLLM's own
 ``unified_attention`` op writes its layer's cache: the compilers see a functional op (so
@@ -37,7 +41,7 @@ __all__ = ["paged_attention", "reference", "positions_of"]
 _LIB = torch.library.Library("spyre", "FRAGMENT")  # noqa: TOR901 - the namespace's own library
 _LIB.define(
     "paged_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor slot_mapping, "
-    "Tensor block_table, Tensor query_start_loc, Tensor seq_lens, float scale, int sliding_window=0) -> Tensor")
+    "Tensor block_table, Tensor query_start_loc, Tensor seq_lens, float scale, int sliding_window=0, int max_query_len=0) -> Tensor")
 
 
 def _check(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens) -> None:
@@ -65,11 +69,15 @@ def _check(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc
 
 
 def reference(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, scale: float,
-              sliding_window: int = 0) -> torch.Tensor:
+              sliding_window: int = 0, max_query_len: int = 0) -> torch.Tensor:
     """The op in plain torch (fp32 inside, the result in q's dtype); writes the caches. The
     attention half is ``vspyre.ir.library.paged_attend``, which the card's fast mode also runs as
     the attention program's host form."""
     _check(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens)
+    qlen = query_start_loc[1:] - query_start_loc[:-1]
+    if max_query_len > 0 and bool((qlen > max_query_len).any()):
+        raise ValueError(f"spyre::paged_attention: a sequence has {int(qlen.max())} tokens this step, more than "
+                         f"max_query_len={max_query_len}")
     nb, bs, hkv, d = k_cache.shape
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
@@ -80,7 +88,8 @@ def reference(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_
 
 
 @torch.library.register_fake("spyre::paged_attention", lib=_LIB)
-def _fake(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, scale, sliding_window=0):
+def _fake(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, scale, sliding_window=0,
+          max_query_len=0):
     _check(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens)
     return q.new_empty(q.shape)
 
@@ -89,6 +98,6 @@ _LIB.impl("paged_attention", reference, "CPU")
 
 
 def paged_attention(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens,
-                    scale: float, sliding_window: int = 0) -> torch.Tensor:
+                    scale: float, sliding_window: int = 0, max_query_len: int = 0) -> torch.Tensor:
     return torch.ops.spyre.paged_attention(q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc,
-                                           seq_lens, float(scale), int(sliding_window))
+                                           seq_lens, float(scale), int(sliding_window), int(max_query_len))

@@ -804,13 +804,13 @@ def _sdpa(node):
           "(library.paged_attention)")
 def _paged_attention(node):
     def run(ctx, q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, scale,
-            sliding_window=0):
+            sliding_window=0, max_query_len=0):
         out = ctx.alloc(tuple(q.shape), q.dtype)
         ts = (q, k, v, k_cache, v_cache, slot_mapping, block_table, query_start_loc, seq_lens, out)
         specs = tuple(spec(t) for t in ts)
-        launches = ctx.memo(("paged_attention", specs, float(scale), int(sliding_window)),
-                            lambda: library.paged_attention_launches(*specs, float(scale), int(sliding_window),
-                                                                     source=K.SOURCE))
+        args = (float(scale), int(sliding_window), int(max_query_len))
+        launches = ctx.memo(("paged_attention", specs, *args),
+                            lambda: library.paged_attention_launches(*specs, *args, source=K.SOURCE))
         for prog, idx in launches:
             ctx.launch(prog, *[ts[i] for i in idx])
         return out

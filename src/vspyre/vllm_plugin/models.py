@@ -67,11 +67,14 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     outs, t0 = [], 0
-    for slot_mapping, block_table, query_start_loc, seq_lens in meta["parts"]:   # the step's decodes, then chunks
-        t1 = t0 + slot_mapping.shape[0]
+    bounds = meta.get("max_query_len", (0,) * len(meta["parts"]))
+    for (slot_mapping, block_table, query_start_loc, seq_lens), qmax in zip(meta["parts"], bounds):
+        if block_table.shape[0] == 0:              # a part with no sequence (static batching's graphs)
+            continue
+        t1 = t0 + slot_mapping.shape[0]              # the step's decodes, then its chunks
         outs.append(torch.ops.spyre.paged_attention(q[t0:t1], k[t0:t1], v[t0:t1], k_cache, v_cache, slot_mapping,
                                                     block_table, query_start_loc, seq_lens, scale,
-                                                    int(sliding_window or 0)))
+                                                    int(sliding_window or 0), int(qmax)))
         t0 = t1
     return torch.cat(outs).unsqueeze(0), None
 

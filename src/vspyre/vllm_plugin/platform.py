@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from . import backend
+from . import backend, static
 from .models import UnsupportedModelError, check_family
 
 log = logging.getLogger("vllm.vspyre")   # under vLLM's logger, so vLLM's log set-up prints it
@@ -112,7 +112,10 @@ class SpyrePlatform(Platform):
 
         sc = vllm_config.scheduler_config
         sc.async_scheduling = False
-        cls._default_chunk(vllm_config)
+        if static.batching() == "static":
+            static.configure(vllm_config, log)
+        else:
+            cls._default_chunk(vllm_config)
 
         from vllm.config import CompilationMode
         comp = vllm_config.compilation_config
@@ -170,6 +173,11 @@ class SpyrePlatform(Platform):
         for name in ("logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "logits_processors"):
             if getattr(params, name, None):
                 bad.append(name)
+        if static.batching() == "static":
+            ids = processed_inputs.get("prompt_token_ids") if isinstance(processed_inputs, dict) else None
+            why = static.refusal(static.shapes(), len(ids or ()), params.max_tokens)
+            if why:
+                raise ValueError(f"vspyre vLLM plugin: {why}")
         if bad:
             raise ValueError(f"vspyre vLLM plugin: sampling parameter(s) {', '.join(bad)} not supported "
                              "(supported: greedy, temperature, top_k, top_p, seed, n, stop, max_tokens, ignore_eos)")

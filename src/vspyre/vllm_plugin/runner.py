@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import backend as _backend
-from . import models
+from . import models, static
 
 log = logging.getLogger("vllm.vspyre")   # under vLLM's logger, so vLLM's log set-up prints it
 
@@ -91,6 +91,8 @@ class StepStats:
     graphs: int = 0
     compile_s: float = 0.0
     cost_cache_hits: int = 0        # estimate-only steps whose shape was already costed
+    preemptions: int = 0            # requests vLLM's scheduler preempted (their KV freed, recomputed later)
+    admitted: dict = field(default_factory=dict)   # request id -> index in per_step of its first step
     shapes: set = field(default_factory=set)       # distinct bucketed step shapes (each planned once)
     per_step: list[Step] = field(default_factory=list)
 
@@ -108,6 +110,11 @@ class SpyreModelRunner:
         self.max_seqs = self.scheduler_config.max_num_seqs
         self.max_blocks = -(-self.model_config.max_model_len // self.block_size)
         self.backend = _backend()
+        # static batching (the old stack's way, :mod:`.static`): the warmup shapes, and the shape
+        # of the batch now running; each part's query bound (paged attention's max_query_len)
+        self.warmup_shapes = static.shapes() if static.batching() == "static" else ()
+        self._static_shape: static.WarmupShape | None = None
+        self._qmax = (0, 0)
         self.requests: dict[str, _Request] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.model: torch.nn.Module | None = None
@@ -158,7 +165,8 @@ class SpyreModelRunner:
     # ------------------------------------------------------------------ the step graph
     def _forward(self, input_ids, positions, logits_indices, slot_d, bt_d, qsl_d, sl_d, slot_p, bt_p, qsl_p, sl_p,
                  kv_caches):
-        meta = {"parts": ((slot_d, bt_d, qsl_d, sl_d), (slot_p, bt_p, qsl_p, sl_p)), "kv_caches": kv_caches}
+        meta = {"parts": ((slot_d, bt_d, qsl_d, sl_d), (slot_p, bt_p, qsl_p, sl_p)), "kv_caches": kv_caches,
+                "max_query_len": self._qmax}
         out = self.model(input_ids=input_ids, position_ids=positions, logits_to_keep=logits_indices,
                          use_cache=False, spyre_paged=meta)
         return out.logits[0]
@@ -169,13 +177,18 @@ class SpyreModelRunner:
                 self._compiled = self._forward
             else:
                 kw = {"backend": "spyre_standalone"} if self.backend == "standalone" else {}
+                if self.warmup_shapes:         # one graph per warmup shape and phase, never symbolic
+                    from .. import compat
+                    cfg = compat.get("dynamo_config")
+                    cfg.recompile_limit = max(cfg.recompile_limit, 2 * len(self.warmup_shapes) + 2)
+                    kw["dynamic"] = False
                 self._compiled = torch.compile(self._forward, **kw)
         return self._compiled
 
     def _run(self, inputs: tuple) -> torch.Tensor:
         from .. import compat
 
-        if self.backend not in ("eager", "cpu"):
+        if self.backend not in ("eager", "cpu") and not self.warmup_shapes:
             for t in inputs:
                 for d in range(t.dim()):
                     if not (t is inputs[0] or t is inputs[1]) or d == 1:     # ids/pos: [1, tokens]
@@ -190,15 +203,18 @@ class SpyreModelRunner:
             self.stats.graphs += new
             self.stats.compile_s += dt
             log.info("vspyre: compiled the step graph for the card with %s (%d graph%s; tokens %d, decode "
-                     "sequences %d, prefill sequences %d; sizes symbolic) in %.1f s", self.backend, new,
-                     "s" * (new > 1), inputs[0].shape[1], inputs[4].shape[0], inputs[8].shape[0], dt)
+                     "sequences %d, prefill sequences %d; %s) in %.1f s", self.backend, new,
+                     "s" * (new > 1), inputs[0].shape[1], inputs[4].shape[0], inputs[8].shape[0],
+                     f"static shape {self._static_shape}" if self.warmup_shapes else "sizes symbolic", dt)
         return out
 
-    def _part(self, seqs: list, tokens: int, nseq: int, t0: int, ids, pos, li, rows: list, row0: int) -> tuple:
+    def _part(self, seqs: list, tokens: int, nseq: int, t0: int, ids, pos, li, rows: list, row0: int,
+              blocks: int | None = None) -> tuple:
         """One part of a step (decodes, or prefill chunks) as paged-attention metadata; fills the
-        step's token ids, positions and logit rows."""
+        step's token ids, positions and logit rows. ``blocks``: the block table's width (default:
+        the longest sequence's, bucketed)."""
         need_blocks = max((-(-s[3] // self.block_size) for _, s in seqs), default=1)
-        MB = _bucket(need_blocks, 2, max(self.max_blocks, 2))
+        MB = blocks if blocks is not None else _bucket(need_blocks, 2, max(self.max_blocks, 2))
         slot = torch.full((tokens,), -1, dtype=torch.int64)
         bt = torch.zeros(nseq, MB, dtype=torch.int32)
         qsl = torch.zeros(nseq + 1, dtype=torch.int32)
@@ -220,7 +236,8 @@ class SpyreModelRunner:
         qsl[len(seqs) + 1:] = t
         return slot, bt, qsl, sl
 
-    def _inputs(self, seqs: list[tuple[list[int], list[int], int, int]]) -> tuple[tuple, list[int]]:
+    def _inputs(self, seqs: list[tuple[list[int], list[int], int, int]], reqs: list[_Request] | None = None,
+                layout: str | static.WarmupShape | None = None) -> tuple[tuple, list[int]]:
         """Device inputs of a step and each sequence's logits row. ``seqs``: (token ids of the
         step, block ids, tokens before them, tokens after them) per sequence.
 
@@ -228,7 +245,14 @@ class SpyreModelRunner:
         with one token (decodes: as many tokens as sequences, so the attention program's query
         bound is 1) then the others (prefill chunks). The attention program bounds a sequence's
         queries from its shapes alone (``T - S + 1``), which is exact for a decode batch and for
-        one chunk, so splitting keeps a mixed step's cost what its work is."""
+        one chunk, so splitting keeps a mixed step's cost what its work is.
+
+        Static batching (:mod:`.static`) lays a step out as its warmup shape's graph instead: see
+        :meth:`_static_layout`. ``layout``: ``"continuous"`` forces this layout, a warmup shape that
+        shape's (start-up compiles), None the runner's strategy."""
+        if layout != "continuous" and (self.warmup_shapes or layout is not None):
+            return self._static_layout(seqs, reqs, layout)
+        self._qmax = (0, 0)
         dec = [(k, s) for k, s in enumerate(seqs) if len(s[0]) == 1]
         pre = [(k, s) for k, s in enumerate(seqs) if len(s[0]) != 1]
         cap = max(self.max_seqs, 2)
@@ -247,16 +271,62 @@ class SpyreModelRunner:
         part_p = self._part(pre, Tp, Sp, Sd, ids, pos, li, rows, Sd)
         self.stats.padded_tokens += T - len(dec) - real_p
         self.stats.shapes.add((Sd, Tp, Sp, part_d[1].shape[1], part_p[1].shape[1]))
-        host = (ids, pos, li) + part_d + part_p
+        return self._to_device((ids, pos, li) + part_d + part_p), rows
+
+    def _static_layout(self, seqs: list, reqs: list[_Request] | None,
+                       force: static.WarmupShape | None = None) -> tuple[tuple, list[int]]:
+        """A step of static batching as its warmup shape's graph. A prefill (a new batch: every
+        sequence's whole prompt) is ``batch`` prompts of ``prompt`` tokens each (padding tokens
+        after the real ones, padding sequences with none) attending over ``prompt`` tokens of KV; a
+        decode is ``batch`` sequences of one token over the static KV length ``prompt +
+        new_tokens``. The shape is the smallest holding the batch (the scheduler chose the batch
+        for it); a decode uses its batch's."""
+        prefill = any(len(s[0]) > 1 or s[2] == 0 for s in seqs)
+        if force is not None:
+            self._static_shape = force
+        elif prefill:
+            if any(s[2] != 0 for s in seqs) or any(len(s[0]) == 1 and s[3] > 1 for s in seqs):
+                raise RuntimeError("vspyre static batching: a step mixes a new batch's prefill with decodes "
+                                   f"(sequences at {[s[2] for s in seqs]}); the static scheduler never does")
+            want = max((r.params.max_tokens or 0) for r in reqs) if reqs else 1
+            shape = static.fit(self.warmup_shapes, max(len(s[0]) for s in seqs), want, len(seqs))
+            if shape is None:
+                raise RuntimeError(f"vspyre static batching: no warmup shape holds {len(seqs)} prompts of up to "
+                                   f"{max(len(s[0]) for s in seqs)} tokens and {want} new tokens "
+                                   f"({', '.join(map(str, self.warmup_shapes))})")
+            self._static_shape = shape
+        shape = self._static_shape
+        if shape is None or len(seqs) > shape.batch:
+            raise RuntimeError(f"vspyre static batching: a decode of {len(seqs)} sequences outside a batch "
+                               f"({shape})")
+        B, P = shape.batch, shape.prompt
+        empty = lambda n: torch.zeros(n, dtype=torch.int32)    # noqa: E731 - an absent part
+        none = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, 1, dtype=torch.int32), empty(1), empty(0))
+        ids = torch.zeros(1, B * P if prefill else B, dtype=torch.int64)
+        pos = torch.zeros_like(ids)
+        li = torch.zeros(B, dtype=torch.int64)
+        rows = [0] * len(seqs)
+        part = self._part(list(enumerate(seqs)), ids.shape[1], B, 0, ids, pos, li, rows, 0,
+                          blocks=(P if prefill else shape.kv_len) // self.block_size)
+        real = sum(len(s[0]) for s in seqs)
+        self.stats.padded_tokens += ids.shape[1] - real
+        self.stats.shapes.add((str(shape), "prefill" if prefill else "decode"))
+        self._qmax = (0, P) if prefill else (0, 0)
+        parts = (none + part) if prefill else (part + none)
+        return self._to_device((ids, pos, li) + parts), rows
+
+    def _to_device(self, host: tuple) -> tuple:
         if self.estimate_only:          # the card holds no values: inputs of the right shapes only
-            return tuple(torch.empty_like(x, device=self.device) for x in host), rows
-        return tuple(x.to(self.device) for x in host), rows
+            return tuple(torch.empty_like(x, device=self.device) for x in host)
+        return tuple(x.to(self.device) for x in host)
 
     # ------------------------------------------------------------------ scheduler output -> step
     def _update_states(self, so: Any) -> None:
         for rid in so.finished_req_ids:
             self.requests.pop(rid, None)
+        self.stats.preemptions += len(getattr(so, "preempted_req_ids", None) or ())
         for nr in so.scheduled_new_reqs:
+            self.stats.admitted.setdefault(nr.req_id, len(self.stats.per_step))
             gen = None
             sp = nr.sampling_params
             if sp is not None and sp.seed is not None:
@@ -311,8 +381,8 @@ class SpyreModelRunner:
         from ..runtime.profiler import profile
 
         t0 = time.perf_counter()
-        inputs, rows = self._inputs(seqs)
-        key = tuple(tuple(t.shape) for t in inputs)
+        inputs, rows = self._inputs(seqs, reqs)
+        key = (tuple(tuple(t.shape) for t in inputs), self._qmax)
         if self.estimate_only and key in self.cost_cache:
             est, nk, fbs = self.cost_cache[key]
             self.stats.cost_cache_hits += 1
@@ -386,12 +456,21 @@ class SpyreModelRunner:
 
     def warm_up(self) -> float:
         """Compile the step graph before serving (a mixed prefill + decode step, then a decode
-        batch, which must reuse it); returns the seconds spent compiling."""
+        batch, which must reuse it); with static batching, every warmup shape's prefill and decode
+        graphs. Returns the seconds spent compiling."""
         c0 = self.stats.compile_s
-        for seqs in (self.dummy_inputs(min(self.max_tokens, 64), 3), self.dummy_inputs(4, 4)):
-            top = torch.argmax(self._run(self._inputs(seqs)[0]), dim=-1)
+        steps: list[tuple[list, Any]] = [(self.dummy_inputs(min(self.max_tokens, 64), 3), None),
+                                         (self.dummy_inputs(4, 4), None)]
+        if self.warmup_shapes:
+            bs = self.block_size
+            steps = [step for s in self.warmup_shapes for step in (
+                ([([0] * s.prompt, [0] * (s.prompt // bs), 0, s.prompt)] * s.batch, s),
+                ([([0], [0] * (s.kv_len // bs), s.prompt, s.prompt + 1)] * s.batch, s))]
+        for seqs, shape in steps:
+            top = torch.argmax(self._run(self._inputs(seqs, layout=shape)[0]), dim=-1)
             if not self.estimate_only:
                 top.cpu()
+        self._static_shape = None
         self.stats.shapes.clear()
         self.stats.padded_tokens = 0
         return self.stats.compile_s - c0

@@ -9,6 +9,11 @@ step's cost depends only on its bucketed shape (tokens, sequences, block-table w
 runner costs each shape once and reuses it (:attr:`SpyreModelRunner.cost_cache`); a step is then
 the scheduler's work only, and a thousand requests of an 8B model take minutes.
 
+Each compiler runs under a batching strategy: continuous (vLLM's scheduler as is: chunked
+prefill, prefill beside decodes, the step graph compiled once with symbolic sizes: the new stack)
+or static (:mod:`.static`: warmup shapes compiled at start-up, one padded batch at a time: how the
+old stack served); ``--batching native`` gives each compiler its own stack's.
+
 What the figures assume, printed with them: the hardware preset; device time only (no host
 overhead between steps or launches); outputs run to their length (no early stop); sampling on the
 card (greedy).
@@ -16,7 +21,9 @@ card (greedy).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import json
 import math
 import os
@@ -24,7 +31,7 @@ import random
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -98,47 +105,104 @@ def model_dir(name: str | None = None, config: str | None = None, layers: int | 
     return d
 
 
-def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = None) -> dict[str, Any]:
+def default_warmup_shapes(load: Load, batch: int = 4) -> str:
+    """The old stack's warmup shape for a load: its longest prompt (whole 64-token blocks) x its
+    longest output x ``batch``."""
+    rows = load.arrivals()
+    p = max((r[1] for r in rows), default=64)
+    return f"{-(-p // 64) * 64}x{max((r[2] for r in rows), default=1)}x{batch}"
+
+
+@contextlib.contextmanager
+def _environ(**kv: str | None) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in kv}
+    try:
+        for k, v in kv.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run(path: str, backend: str, load: Load, engine: Engine, progress: Any = None, batching: str = "continuous",
+        warmup_shapes: str | None = None) -> dict[str, Any]:
     """One compiler at one load (see :func:`run_loads`)."""
-    return run_loads(path, backend, [load], engine, progress)[0]
+    return run_loads(path, backend, [load], engine, progress, batching, warmup_shapes)[0]
 
 
-def run_loads(path: str, backend: str, loads: list[Load], engine: Engine, progress: Any = None) -> list[dict[str, Any]]:
-    """One compiler at each load in turn, on ONE engine (compiled once; the clock restarts at 0
-    for each load, whose requests start on an idle engine): vLLM's engine on the virtual clock.
-    Returns, per load, the metrics (vLLM's benchmark client's names, in ms) and the engine's
-    start-up (graphs, compile time)."""
-    os.environ["VSPYRE_VLLM_BACKEND"] = backend
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import torch
+def _engine(path: str, engine: Engine) -> Any:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    args = EngineArgs(model=path, skip_tokenizer_init=True, dtype=engine.dtype, seed=0,
+                      max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                      max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching)
+    return LLMEngine.from_engine_args(args)
+
+
+def _close(llm: Any) -> None:
+    llm.engine_core.shutdown()
+    runner = llm.collective_rpc("runner_object")[0]
+    runner.kv_caches, runner.model, runner._compiled = [], None, None    # the card's memory, freed now
+    gc.collect()
+
+
+def run_loads(path: str, backend: str, loads: list[Load], engine: Engine, progress: Any = None,
+              batching: str = "continuous", warmup_shapes: str | None = None,
+              startup_warm: bool = False) -> list[dict[str, Any]]:
+    """One compiler under one batching strategy at each load in turn, on ONE engine (compiled
+    once; the clock restarts at 0 for each load, whose requests start on an idle engine): vLLM's
+    engine on the virtual clock. ``batching``: ``continuous`` (vLLM's scheduler, chunked prefill,
+    symbolic shapes) or ``static`` (the old stack's warmup shapes, :mod:`.static`). Returns, per
+    load, the metrics (vLLM's benchmark client's names, in ms) and the engine's start-up (graphs,
+    compile time; with ``startup_warm``, a second engine's start-up with the compiler's caches
+    warm)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+
     from .. import compat
 
-    compat.get("dynamo_reset")()
-    t0 = time.perf_counter()
     out = []
-    with torch.spyre.estimate_only():
-        args = EngineArgs(model=path, skip_tokenizer_init=True, dtype=engine.dtype, seed=0,
-                          max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-                          max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching)
-        llm = LLMEngine.from_engine_args(args)
+    env = dict(VSPYRE_VLLM_BACKEND=backend, VSPYRE_VLLM_BATCHING=batching,
+               VSPYRE_VLLM_WARMUP_SHAPES=warmup_shapes if batching == "static" else None)
+    with _environ(**env), torch.spyre.estimate_only():
+        compat.get("dynamo_reset")()
+        t0 = time.perf_counter()
+        llm = _engine(path, engine)
         try:
             startup_s = time.perf_counter() - t0
             runner = llm.collective_rpc("runner_object")[0]
+            sc = llm.vllm_config.scheduler_config
             start = {"startup_graphs": runner.stats.graphs, "startup_compile_s": runner.stats.compile_s,
-                     "engine_startup_s": startup_s}
+                     "engine_startup_s": startup_s, "batching": batching,
+                     "warmup_shapes": warmup_shapes if batching == "static" else None,
+                     "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens}
             for k, load in enumerate(loads):
                 out.append({**_drive(llm, runner, load, backend, f"{k}-", progress), **start})
         finally:
-            llm.engine_core.shutdown()
-            runner = llm.collective_rpc("runner_object")[0]
-            runner.kv_caches, runner.model, runner._compiled = [], None, None    # the card's memory, freed now
+            _close(llm)
             del llm
-            import gc
-            gc.collect()
+        if startup_warm:
+            compat.get("dynamo_reset")()
+            llm = _engine(path, engine)
+            warm = llm.collective_rpc("runner_object")[0].stats.compile_s
+            _close(llm)
+            del llm
+            for m in out:
+                m["startup_compile_warm_s"] = warm
     return out
+
+
+def _scheduler(llm: Any) -> Any:
+    """vLLM's scheduler of an in-process engine (None in another process)."""
+    return getattr(getattr(llm.engine_core, "engine_core", None), "scheduler", None)
 
 
 def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progress: Any) -> dict[str, Any]:
@@ -150,11 +214,14 @@ def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progres
     arrivals = load.arrivals()
     vocab = llm.model_config.get_vocab_size()
     rng = random.Random(load.seed + 1)
+    sched = _scheduler(llm)
     reqs: dict[str, dict] = {}
     clock, i = 0.0, 0
     st = runner.stats
     n_start, hits0, shapes0 = len(st.per_step), st.cost_cache_hits, len(runner.cost_cache)
-    pad0, fb0 = st.padded_tokens, st.host_fallbacks
+    pad0, fb0, pre0 = st.padded_tokens, st.host_fallbacks, st.preemptions
+    starts: dict[int, float] = {}           # per_step index -> the clock when that step started
+    kv_area, kv_max = 0.0, 0.0
     wall0 = time.perf_counter()
     while i < len(arrivals) or llm.has_unfinished_requests():
         while i < len(arrivals) and arrivals[i][0] <= clock:
@@ -169,7 +236,15 @@ def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progres
             continue
         n0 = len(st.per_step)
         outs = llm.step()
-        clock += sum(s.est_us for s in st.per_step[n0:]) / 1e6
+        t = clock
+        for j in range(n0, len(st.per_step)):
+            starts[j] = t
+            t += st.per_step[j].est_us / 1e6
+        if sched is not None:
+            use = float(sched.kv_cache_manager.usage)
+            kv_area += use * (t - clock)
+            kv_max = max(kv_max, use)
+        clock = t
         for o_ in outs:
             r = reqs[o_.request_id]
             got = len(o_.outputs[0].token_ids) if o_.outputs else 0
@@ -185,26 +260,39 @@ def _drive(llm: Any, runner: Any, load: Load, backend: str, prefix: str, progres
             if len(r["times"]) > 1]
     itl = [1e3 * (b - a) for r in reqs.values() for a, b in zip(r["times"], r["times"][1:])]
     e2e = [1e3 * (r["times"][-1] - r["arrival"]) for r in reqs.values() if r["times"]]
+    # the runner sees vLLM's internal request ids: the caller's id, "-", 8 random characters
+    admitted = {k.rsplit("-", 1)[0]: v for k, v in st.admitted.items()}
+    queue = [1e3 * (starts[admitted[rid]] - r["arrival"]) for rid, r in reqs.items() if admitted.get(rid) in starts]
     done = [r for r in reqs.values() if len(r["times"]) >= r["output"]]
-    duration = max((r["times"][-1] for r in done), default=0.0) - min((r["arrival"] for r in reqs.values()),
-                                                                      default=0.0)
+    first = min((r["arrival"] for r in reqs.values()), default=0.0)
+    duration = max((r["times"][-1] for r in done), default=0.0) - first
     out_tokens = sum(len(r["times"]) for r in reqs.values())
-    kinds = by_kind(per_step)
+    real_tokens = sum(s.tokens for s in per_step)
+    padded = st.padded_tokens - pad0
+    busy = sum(s.est_us for s in per_step) / 1e6
     m = {
         "backend": backend, "hw": hardware.get_config().name, "qps": load.qps, "requests": len(reqs),
         "completed": len(done), "duration_s": duration,
         "request_throughput": len(done) / duration if duration else float("nan"),
         "output_throughput": out_tokens / duration if duration else float("nan"),
         "total_token_throughput": (sum(r["prompt"] for r in done) + out_tokens) / duration if duration else float("nan"),
-        "steps": steps, "step_kinds": kinds, "wall_s": wall_s, "shapes_costed": shapes, "cost_cache_hits": cache_hits,
-        "padded_tokens": st.padded_tokens - pad0, "host_fallbacks": st.host_fallbacks - fb0,
-        "graphs_total": st.graphs,
+        "steps": steps, "step_kinds": by_kind(per_step), "wall_s": wall_s, "shapes_costed": shapes,
+        "cost_cache_hits": cache_hits, "padded_tokens": padded,
+        "padding_fraction": padded / (padded + real_tokens) if padded + real_tokens else 0.0,
+        "host_fallbacks": st.host_fallbacks - fb0, "graphs_total": st.graphs, "preemptions": st.preemptions - pre0,
+        "card_busy_fraction": busy / (clock - first) if clock > first else float("nan"),
+        "kv_cache_usage_mean": kv_area / busy if sched is not None and busy else float("nan"),
+        "kv_cache_usage_max": kv_max if sched is not None else float("nan"),
     }
-    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e), ("queue", queue)):
         m[f"mean_{name}_ms"] = float(np.mean(xs)) if xs else float("nan")
         for p, v in zip(PERCENTILES, np.percentile(xs, PERCENTILES) if xs else [float("nan")] * len(PERCENTILES)):
             m[f"p{p}_{name}_ms"] = float(v)
     return m
+
+
+ASSUMES = ("device time only (no host overhead between steps or launches; the host link's time for host "
+           "fallbacks is included); outputs run to their length; greedy sampling on the card")
 
 
 @dataclass
@@ -215,32 +303,91 @@ class Report:
     runs: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"schema": "vspyre.serve-estimate/1", "model": self.model, "engine": asdict(self.engine),
-                "load": {**asdict(self.load), "qps": [r["qps"] for r in self.runs]}, "runs": self.runs,
-                "assumes": "device time only (no host overhead between steps or launches); outputs run to their "
-                           "length; greedy sampling on the card; continuous batching with chunked prefill"}
+        return {"schema": "vspyre.serve-estimate/2", "model": self.model, "engine": asdict(self.engine),
+                "load": {**asdict(self.load), "qps": sorted({r["qps"] for r in self.runs})}, "runs": self.runs,
+                "assumes": ASSUMES}
 
     def markdown(self) -> str:
         hw = self.runs[0]["hw"] if self.runs else "?"
-        e = self.engine
+        e, ld = self.engine, self.load
+        load = (f"trace `{ld.trace}`" if ld.trace else
+                f"{ld.requests} requests, prompt {_span(ld.prompt)} tokens, output {_span(ld.output)} tokens, "
+                f"Poisson arrivals (seed {ld.seed})")
         lines = [f"# Serving estimate: {self.model}", "",
-                 f"vLLM's scheduler on the card's estimated step times (hardware preset `{hw}`; device time only, "
-                 f"no host overhead; outputs run to their length). Engine: max_num_seqs {e.max_num_seqs}, "
-                 f"max_num_batched_tokens {e.max_num_batched_tokens}, block size 64, prefix caching "
-                 f"{'on' if e.enable_prefix_caching else 'off'}, {e.dtype}.", "",
-                 "| compiler | qps | req/s | out tok/s | TTFT p50 / p90 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms "
-                 "| steps | start-up graphs, compile s |", "|---|---|---|---|---|---|---|---|---|"]
+                 f"vLLM's scheduler on the card's estimated step times (hardware preset `{hw}`; {ASSUMES}). "
+                 f"Load: {load}. Engine: block size 64, prefix caching {'on' if e.enable_prefix_caching else 'off'}, "
+                 f"{e.dtype}; continuous batching: max_num_seqs {e.max_num_seqs}, max_num_batched_tokens "
+                 f"{e.max_num_batched_tokens} (the prefill chunk); static batching: the warmup shapes "
+                 "(prompt x new tokens x batch), one batch at a time.", "",
+                 "| compiler | batching | qps | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+                 "| ITL p50 / p99 ms | queue p50 ms | KV use mean / max | preempt | padding | start-up graphs, "
+                 "compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in self.runs:
-            lines.append(f"| {r['backend']} | {r['qps']:g} | {r['request_throughput']:.2f} | {r['output_throughput']:.1f} "
-                         f"| {r['p50_ttft_ms']:.1f} / {r['p90_ttft_ms']:.1f} / {r['p99_ttft_ms']:.1f} "
-                         f"| {r['p50_tpot_ms']:.2f} / {r['p99_tpot_ms']:.2f} | {r['p50_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} "
-                         f"| {r['steps']} | {r['startup_graphs']}, {r['startup_compile_s']:.1f} |")
+            strat = r["batching"] + (f" {r['warmup_shapes']}" if r.get("warmup_shapes") else "")
+            warm = f" (warm {r['startup_compile_warm_s']:.1f})" if "startup_compile_warm_s" in r else ""
+            lines.append(
+                f"| {r['backend']} | {strat} | {r['qps']:g} | {r['request_throughput']:.2f} | "
+                f"{r['output_throughput']:.1f} | {r['p50_ttft_ms']:.1f} / {r['p99_ttft_ms']:.1f} "
+                f"| {r['p50_tpot_ms']:.2f} / {r['p99_tpot_ms']:.2f} | {r['p50_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} "
+                f"| {r['p50_queue_ms']:.1f} | {100 * r['kv_cache_usage_mean']:.1f}% / {100 * r['kv_cache_usage_max']:.1f}% "
+                f"| {r['preemptions']} | {100 * r['padding_fraction']:.1f}% "
+                f"| {r['startup_graphs']}, {r['startup_compile_s']:.1f}{warm} |")
+        lines += ["", "TTFT, TPOT, ITL and E2E latency as vLLM's benchmark client defines them; queue: arrival to "
+                  "first scheduled step; KV use: vLLM's KV-cache manager's, mean over the card's busy time; padding: "
+                  "padded tokens / tokens computed; start-up: graphs compiled (and planned and costed) before "
+                  "serving and their time on this host, cold (and with the compiler's caches warm)."]
         return "\n".join(lines) + "\n"
+
+
+def _span(x: tuple[int, int]) -> str:
+    return str(x[0]) if x[0] == x[1] else f"{x[0]}-{x[1]} (uniform)"
+
+
+def plot(report: Report, path: str) -> str:
+    """TTFT and ITL (p50 solid, p99 dashed) against achieved output throughput, one line per
+    compiler and batching strategy; a PNG at ``path``."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    groups: dict[tuple, list[dict]] = {}
+    for r in report.runs:
+        groups.setdefault((r["backend"], r["batching"]), []).append(r)
+    for k, ((backend, batching), rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: r["output_throughput"])
+        x = [r["output_throughput"] for r in rs]
+        color = f"C{k}"
+        for ax, name in zip(axes, ("ttft", "itl")):
+            ax.plot(x, [r[f"p50_{name}_ms"] for r in rs], "o-", color=color, label=f"{backend}, {batching}: p50")
+            ax.plot(x, [r[f"p99_{name}_ms"] for r in rs], "s--", color=color, alpha=0.7, label=f"{backend}, {batching}: p99")
+    hw = report.runs[0]["hw"] if report.runs else "?"
+    for ax, name in zip(axes, ("time to first token (ms)", "inter-token latency (ms)")):
+        ax.set_xlabel("output tokens / s (achieved)")
+        ax.set_ylabel(name)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{report.model}: serving estimate (preset {hw}; device time only, no host overhead)", fontsize=10)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def strategies(backends: list[str], batching: str) -> list[tuple[str, str]]:
+    """(compiler, batching) pairs: ``native`` is each stack as it really served (the standalone
+    compiler with static batching, Inductor with continuous); ``both`` every pair."""
+    if batching == "native":
+        return [(b, "static" if b == "standalone" else "continuous") for b in backends]
+    kinds = ["continuous", "static"] if batching == "both" else [batching]
+    return [(b, k) for b in backends for k in kinds]
 
 
 def main(opts: Any) -> int:
     """The CLI command (``vspyre serve-estimate``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import static
 
     path = model_dir(opts.name, opts.config, opts.layers)
     label = opts.name or opts.config
@@ -250,11 +397,13 @@ def main(opts: Any) -> int:
     qps_list = [math.inf if q in ("inf", "all") else float(q) for q in opts.qps.split(",")]
     loads = [Load(q, opts.requests, lengths(opts.prompt), lengths(opts.output), opts.seed, opts.trace)
              for q in qps_list]
+    shapes = opts.warmup_shapes or default_warmup_shapes(loads[0], opts.static_batch)
+    static.parse(shapes)                      # a bad shape fails before any engine starts
     report = Report(label, engine, loads[0])
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=opts.no_progress) as bar:
-        for b in backends:
-            task = bar.add_task(f"{label} {b} ({len(loads)} rate{'s' * (len(loads) > 1)}): requests done",
+        for b, batching in strategies(backends, opts.batching):
+            task = bar.add_task(f"{label} {b} {batching} ({len(loads)} rate{'s' * (len(loads) > 1)}): requests done",
                                 total=None)
             done: list[int] = []
 
@@ -262,13 +411,19 @@ def main(opts: Any) -> int:
                 bar.update(t, total=n * len(loads), completed=sum(done) + k)
                 if k == n:
                     done.append(n)
-            report.runs.extend(run_loads(path, b, loads, engine, progress=step))
+            report.runs.extend(run_loads(path, b, loads, engine, step, batching, shapes, opts.startup_warm))
     os.makedirs(opts.out, exist_ok=True)
     base = os.path.join(opts.out, f"serve-estimate-{os.path.basename(label).removesuffix('.json')}")
     with open(base + ".json", "w") as f:
         json.dump(report.to_json(), f, indent=1)
     with open(base + ".md", "w") as f:
         f.write(report.markdown())
+    wrote = [base + ".json", base + ".md"]
+    if not opts.no_plot:
+        try:
+            wrote.append(plot(report, base + ".png"))
+        except ImportError:
+            print("(no plot: matplotlib is not installed; pip install vspyre[plots])")
     print(report.markdown())
-    print(f"wrote {base}.json and {base}.md")
+    print("wrote " + ", ".join(wrote))
     return 0
