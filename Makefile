@@ -18,14 +18,26 @@ PIPCFG := $(if $(filter 2.13.% 2.14.%,$(TORCH)),,PIP_CONFIG_FILE=/dev/null)
 PIP := $(PIPCFG) $(BIN)/pip install --disable-pip-version-check -q -c $(PINS)
 BUILD_INPUTS := pyproject.toml setup.py $(PINS) src/vspyre/device/_extname.py $(wildcard src/vspyre/device/csrc/*.cpp)
 PYTEST_ARGS ?=
+# vLLM's own environment (see test-vllm below)
+VLLM_VENV := .venv-vllm
+VLLM_PINS := constraints/vllm-0.32.0.txt
+VLLM_PIP := $(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c $(VLLM_PINS)
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: demo test test-vllm serve bench-serving bench conformance install clean
 
 demo: $(STAMP)
 	$(BIN)/vspyre demo
 
-test: $(STAMP)
+# `make test` (torch 2.13.0) also runs the serving tests (tests/serving: the vLLM plugin and
+# `vspyre serve-estimate`) in vLLM's own environment; `make test TORCH=...` runs the core suite only
+# (vLLM pins torch 2.13.0).
+SERVING := $(filter 2.13.0,$(TORCH))
+test: $(STAMP) $(if $(SERVING),$(VLLM_STAMP))
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+ifneq ($(SERVING),)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/serving $(PYTEST_ARGS)
+endif
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fallback.py
@@ -51,10 +63,6 @@ install: $(STAMP)
 # vllm 0.32.0 pins torch==2.13.0 (the CPU build on this machine's disk). Its multimodal media
 # packages (torchvision, torchaudio, torchcodec) are removed: their compiled parts do not load beside
 # the CPU torch build, vLLM imports them only for multimodal inputs, and the plugin refuses those.
-VLLM_VENV := .venv-vllm
-VLLM_PINS := constraints/vllm-0.32.0.txt
-VLLM_PIP := $(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c $(VLLM_PINS)
-VLLM_STAMP := $(VLLM_VENV)/.installed
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/serving $(PYTEST_ARGS)
@@ -69,6 +77,7 @@ serve: $(VLLM_STAMP)
 
 bench-serving: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python benchmarks/bench_serving.py
+	$(VLLM_VENV)/bin/python benchmarks/bench_serve_estimate.py
 
 $(VLLM_STAMP): $(BUILD_INPUTS) $(VLLM_PINS)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
