@@ -90,3 +90,24 @@ def test_cli_both_strategies_and_plot(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="warmup shape '65x4x2'"):
         main(["serve-estimate", "--config", str(tiny_models["llama"]) + "/config.json", "--warmup-shapes", "65x4x2",
               "--out", str(tmp_path), "--no-progress"])
+
+
+def test_the_step_graph_does_not_depend_on_the_kv_cache_size(tiny_models, tmp_path, monkeypatch):
+    """A server started with another memory budget (so another number of KV-cache blocks) reuses
+    the compiled step graph from Inductor's cache: the cache's size is symbolic in the graph."""
+    from vspyre import compat
+    from vspyre.vllm_plugin import serve_estimate as SE
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    path = SE.model_dir(config=str(tiny_models["llama"]) + "/config.json")
+    load = SE.Load(qps=math.inf, requests=3, prompt=(40, 40), output=(3, 3), seed=0)
+    runs = []
+    for util in (0.5, 0.3):
+        m = SE.run(path, "inductor", load, SE.Engine(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
+                                                     gpu_memory_utilization=util))
+        # each run starts with torch._dynamo.reset(), which zeroes the counters: these are this run's
+        runs.append((m, compat.get("dynamo_counters")["inductor"]["fxgraph_cache_hit"]))
+    (first, _), (second, hits) = runs
+    assert first["kv_cache_blocks"] > second["kv_cache_blocks"] > 0
+    assert hits >= 1 and second["startup_graphs"] == 1
+    assert second["step_kinds"]["decode"]["est_us"] == pytest.approx(first["step_kinds"]["decode"]["est_us"])

@@ -188,11 +188,17 @@ class SpyreModelRunner:
     def _run(self, inputs: tuple) -> torch.Tensor:
         from .. import compat
 
-        if self.backend not in ("eager", "cpu") and not self.warmup_shapes:
-            for t in inputs:
-                for d in range(t.dim()):
-                    if not (t is inputs[0] or t is inputs[1]) or d == 1:     # ids/pos: [1, tokens]
-                        compat.mark_dynamic(t, d)
+        if self.backend not in ("eager", "cpu"):
+            if not self.warmup_shapes:
+                for t in inputs:
+                    for d in range(t.dim()):
+                        if not (t is inputs[0] or t is inputs[1]) or d == 1:     # ids/pos: [1, tokens]
+                            compat.mark_dynamic(t, d)
+            # the cache's size (blocks) is a deployment setting, not the graph's: a server started with
+            # another memory budget reuses the compiled graph (and the compilers' caches) as it is
+            for kv in self.kv_caches:
+                for t in kv:
+                    compat.mark_dynamic(t, 0)
         graphs = compat.get("dynamo_counters")["stats"]
         g0, t0 = graphs["unique_graphs"], time.perf_counter()
         with torch.no_grad(), compat.get("fx_config").patch(use_duck_shape=False):

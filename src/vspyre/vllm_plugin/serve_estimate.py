@@ -93,6 +93,7 @@ class Engine:
     max_model_len: int | None = None
     enable_prefix_caching: bool = False
     dtype: str = "float16"
+    gpu_memory_utilization: float | None = None     # None: vLLM's default
 
 
 def model_dir(name: str | None = None, config: str | None = None, layers: int | None = None) -> str:
@@ -143,7 +144,9 @@ def _engine(path: str, engine: Engine) -> Any:
 
     args = EngineArgs(model=path, skip_tokenizer_init=True, dtype=engine.dtype, seed=0,
                       max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-                      max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching)
+                      max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching,
+                      **({"gpu_memory_utilization": engine.gpu_memory_utilization}
+                         if engine.gpu_memory_utilization is not None else {}))
     return LLMEngine.from_engine_args(args)
 
 
@@ -182,6 +185,7 @@ def run_loads(path: str, backend: str, loads: list[Load], engine: Engine, progre
             sc = llm.vllm_config.scheduler_config
             start = {"startup_graphs": runner.stats.graphs, "startup_compile_s": runner.stats.compile_s,
                      "engine_startup_s": startup_s, "batching": batching,
+                     "kv_cache_blocks": runner.num_blocks, "kv_cache_tokens": runner.num_blocks * runner.block_size,
                      "warmup_shapes": warmup_shapes if batching == "static" else None,
                      "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens}
             for k, load in enumerate(loads):
