@@ -114,3 +114,19 @@ def test_cards_pool_memory_for_the_fit_decision():
     assert not r1["fits"] and r2["fits"]
     assert r1["memory"]["capacity_bytes"] == r2["memory"]["capacity_bytes"] == one.usable_memory_bytes
     assert two.usable_memory_bytes == 2 * one.usable_memory_bytes
+
+
+def test_weights_are_counted_once_and_a_tied_embedding_twice(tmp_path):
+    """Every nn.Linear weight is re-laid in place (no copy); the tied embedding table, gathered as
+    stored and read transposed by the LM head, holds its re-laid copy beside it."""
+    p = tmp_path / "tied.json"
+    p.write_text(json.dumps({**TINY, "tie_word_embeddings": True}))
+    r = E.estimate(E.Options(config=str(p), prompt=16, new_tokens=4, kv=(16,), backends=("inductor",)),
+                   progress=False)
+    mem, h, kv, i = r["memory"], TINY["hidden_size"], 2 * 64, TINY["intermediate_size"]
+    linears = TINY["num_hidden_layers"] * (2 * h * h + 2 * kv * h + 3 * i * h) * 2
+    assert mem["relayout_bytes"] == TINY["vocab_size"] * h * 2                       # the table's second layout
+    assert mem["relayout_in_place_bytes"] == linears
+    assert r["backends"]["inductor"]["weights_bytes"] == mem["weights_bytes"]       # the head is the table
+    assert mem["total_bytes"] == (mem["weights_bytes"] + mem["relayout_bytes"] + mem["kv_cache_bytes"]
+                                  + mem["peak_activations_bytes"])

@@ -73,14 +73,15 @@ def test_weight_is_relaid_once_and_again_after_an_update(backend):
         for _ in range(10):
             cf(x, w)
         held = torch.spyre.memory_allocated() - before
-        w.add_(1.0)                               # an in-place update: the re-laid copy is stale
+        w.add_(1.0)                               # an in-place update: the re-laid layout is stale
         cf(x, w)
     assert len([k for k in got.kernels if k.source != "eager"]) == 11
     assert [k.name for k in got.kernels if k.source == "eager"] == ["add"]     # w.add_(1.0) on the card
     assert len(got.relayouts) == 2, [k.name for k in got.relayouts]
     assert all(k.est_us > 0 and "re-lay" in k.segments[0].label for k in got.relayouts)
-    assert relayout.stats()["bytes"] >= w.numel() * w.element_size()
-    assert held >= w.numel() * w.element_size(), held   # the re-laid copy lives in device memory
+    s = relayout.stats()
+    assert s["in_place_bytes"] >= w.numel() * w.element_size() and s["bytes"] == 0
+    assert held < w.numel() * w.element_size(), held    # re-laid in place: no second copy in device memory
     del w
-    relayout.stats()                              # swept: the weight is gone, so is its copy
+    relayout.stats()                              # swept: the weight is gone, so is its entry
     assert relayout.stats()["entries"] == 0

@@ -262,7 +262,7 @@ def resolve(p: Program, sizes: Mapping[str, int], cfg: HardwareConfig | None = N
     """The best schedule of ``p`` for bound ``sizes``; what the caller (or the program) fixes is kept.
 
     ``persistent``: buffers that keep their values across launches (a model's weights): their
-    re-layout is paid once (the runtime keeps the re-laid copy), so the search does not count it
+    re-layout is paid once (the runtime keeps the weight re-laid), so the search does not count it
     per launch; the schedule's estimate still reports it."""
     cfg = cfg or hardware.get_config()
     searched = division is None and tiles is None and relayout is None and order is None

@@ -28,7 +28,7 @@ import torch
 from .. import hardware, trace
 from ..ir.planning import ScheduleError
 from ..ir.printer import format_program
-from ..ir.program import Program
+from ..ir.program import Load, Program
 from .executor import Bound, LaunchError, bind, run_checked, run_fast
 from . import relayout
 from .memory import estimate_only, has_values, host
@@ -98,6 +98,18 @@ def dump(bd: Bound) -> str:
     return text
 
 
+def _direct_reads(bd: Bound) -> tuple[int, ...]:
+    """The read-only buffers the program reads in their stored layout (a load not re-laid)."""
+    got = bd.meta.get("direct_reads")
+    if got is None or got[0] is not hardware.get_config():
+        rl = bd.schedule().relayout if bd.relayouts() else frozenset()
+        ins = {b.name: i for i, b in enumerate(bd.program.buffers) if b.role == "in"}
+        got = (hardware.get_config(), tuple(sorted({ins[op.buffer] for i, op in enumerate(bd.program.body)
+                                                     if isinstance(op, Load) and op.buffer in ins and i not in rl})))
+        bd.meta["direct_reads"] = got
+    return got[1]
+
+
 def _execute(bd: Bound, tensors: Sequence[torch.Tensor], m: str) -> dict | None:
     hosts = [t if t.is_cpu else host(t) for t in tensors]
     if torch.autograd._profiler_enabled():      # visible in torch.profiler's CPU timeline
@@ -142,6 +154,9 @@ def launch(program: Program, *tensors: torch.Tensor, mode: str | None = None,
         raise ValueError(f"launch: mode must be one of {MODES}, got {m!r}")
     # operands read through a re-layout: laid out once per tensor version and kept on the card
     missed = [r for r in bd.relayouts() if not relayout.lookup(tensors[r[0]], r[2], r[3], r[4])]
+    if relayout.held_in_place():      # a tensor re-laid in place and read as stored too keeps both layouts
+        for bi in _direct_reads(bd):
+            relayout.read(tensors[bi], bd.spans[bi])
     if estimate_only():
         facts = _estimate_only(bd, tensors)
     else:
