@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_estimate.py
 	$(BIN)/python benchmarks/bench_compile_depth.py
 	$(BIN)/python benchmarks/bench_eager.py
+	$(BIN)/python benchmarks/bench_validation.py --fit
 	$(MAKE) bench-serving
 
 # The OpInfo conformance sweep (issue #7): every op_db op x float32/float16/bfloat16 x eager/compiled/

@@ -73,12 +73,14 @@ def test_store_cast_honours_the_setting():
 
 
 def test_measured_preset_is_the_published_measurements():
+    """The published rates, with the bandwidth and the per-kernel cost fitted to the card's measured
+    kernels (benchmarks/bench_validation.py --fit): the fit stays close to the cost model's 150 GB/s."""
     from vspyre import hardware
     m = hardware.PRESETS["measured"]
-    assert m.clock_hz == 1.1e9 and m.kernel_launch_us == 0 and m.dma_setup_cycles == 0
-    assert m.device_memory_bandwidth == 150e9 and m.relayout_bandwidth == 116e9
+    assert m.clock_hz == 1.1e9 and m.dma_setup_cycles == 0 and m.relayout_bandwidth == 116e9
+    assert abs(m.device_memory_bandwidth - 150e9) / 150e9 < 0.05 and 0 < m.kernel_launch_us < 100
     per_core_mac_per_ns = m.peak_fp16_flops / 2 / m.num_cores / 1e9
     assert abs(per_core_mac_per_ns - 1140) / 1140 < 0.02
     balanced = 2 / (2 / m.device_memory_bandwidth + m.rw_turnaround_ns_per_byte * 1e-9)   # B read + B written
-    assert abs(balanced - 105e9) / 105e9 < 0.02
+    assert abs(balanced - 105e9) / 105e9 < 0.03
     assert m.core_bandwidth(1) == 0.11 * m.device_memory_bandwidth

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
     p.add_argument("--backend", default="inductor", choices=["inductor", "standalone", "both"])
     p.add_argument("--cards", type=int, default=1, help="cards whose device memory the model may use, pooled (times are one card's)")
-    p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, measured)")
+    p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, card-limit, measured, torch-spyre-2026)")
     p.add_argument("--kv", default="128,2048,8192", help="KV-cache lengths to time a decode step at")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers (a shallower model)")
     p.add_argument("--execute", action="store_true",
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--static-batch", type=int, default=4, help="batch size of the default warmup shape")
     p.add_argument("--startup-warm", action="store_true",
                    help="also start a second engine with the compiler's caches warm and report its compile time")
-    p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, measured)")
+    p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, card-limit, measured, torch-spyre-2026)")
     p.add_argument("--out", default="vspyre-serve-estimate")
     p.add_argument("--no-plot", action="store_true", help="no latency-throughput PNG")
     p.add_argument("--no-progress", action="store_true")

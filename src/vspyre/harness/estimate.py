@@ -114,6 +114,8 @@ class Phase:
     kernel_us: float = 0.0
     fallback_us: float = 0.0       # host fallbacks: the host link's time for their bytes
     launches: int = 0
+    host_overhead_us: float = 0.0  # launches x the preset's host_overhead_us (host time, not device time)
+    with_host_us: float = 0.0      # est_us + host_overhead_us: the call's time when the host pays per launch
     fallbacks: dict[str, int] = field(default_factory=dict)
     roofline_us: float = 0.0
     graphs: int = 0                # Dynamo graphs compiled so far in this phase
@@ -131,6 +133,8 @@ def _profile_call(fn, top: int) -> Phase:
     ph.fallback_us = sum(f.est_us for f in p.fallbacks)
     ph.est_us = ph.kernel_us + ph.fallback_us
     ph.launches = len(p.kernels)
+    ph.host_overhead_us = ph.launches * hardware.get_config().host_overhead_us
+    ph.with_host_us = ph.est_us + ph.host_overhead_us
     ph.roofline_us = sum(k.roofline_us for k in p.kernels)
     for f in p.fallbacks:
         ph.fallbacks[f.op] = ph.fallbacks.get(f.op, 0) + 1
@@ -148,6 +152,7 @@ def _hw(name: str | None, cards: int) -> Iterator[hardware.HardwareConfig]:
     if name is not None and name not in hardware.PRESETS:
         raise EstimateError(f"unknown hardware preset {name!r}; presets: {', '.join(hardware.PRESETS)}")
     base = hardware.PRESETS[name] if name else hardware.get_config()
+    base = dataclasses.replace(base, num_cards=hardware.get_config().num_cards)   # fixed once the device started
     if cards > 1:
         base = dataclasses.replace(base, device_memory_bytes=base.device_memory_bytes * cards,
                                    ecc_bytes=base.ecc_bytes * cards)
@@ -342,7 +347,7 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
         report = _memory(cfg, opts, dtype, hw_cfg)
         report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
                        "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
-                       "hw": hw_cfg.name, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
+                       "hw": hw_cfg.name, "host_overhead_us": hw_cfg.host_overhead_us, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
                        "mode": "functional" if opts.execute else "estimate-only", "backends": {}})
         if not report["fits"]:
             return report
@@ -454,11 +459,17 @@ def markdown(report: dict[str, Any]) -> str:
     def row(label: str, fn) -> None:
         lines.append(f"| {label} | " + " | ".join(fn(bs[n]) for n in names) + " |")
 
-    row("time to first token (prefill)", lambda r: _ms(r["prefill"]["est_us"]))
+    row("time to first token (prefill), device time", lambda r: _ms(r["prefill"]["est_us"]))
     row("prefill roofline efficiency", lambda r: f"{r['prefill']['roofline_us'] / r['prefill']['est_us']:.0%}"
         if r["prefill"]["est_us"] else "-")
     for i, s in enumerate(bs[names[0]]["decode"]):
-        row(f"time per output token, KV {s['kv']}", lambda r, i=i: _ms(r["decode"][i]["est_us"]))
+        row(f"time per output token, KV {s['kv']}, device time", lambda r, i=i: _ms(r["decode"][i]["est_us"]))
+    over = report.get("host_overhead_us", 0.0)
+    row(f"with the host's overhead per call ({_ms(over)} x launches): first token",
+        lambda r: _ms(r["prefill"].get("with_host_us", r["prefill"]["est_us"])))
+    for i, s in enumerate(bs[names[0]]["decode"]):
+        row(f"with the host's overhead per call: output token, KV {s['kv']}",
+            lambda r, i=i: _ms(r["decode"][i].get("with_host_us", r["decode"][i]["est_us"])))
     row(f"decode tokens/s (batch {report['batch']})", lambda r: f"{r['tokens_per_s']:.1f}")
     row("kernel launches (prefill / decode step)",
         lambda r: f"{r['prefill']['launches']} / {r['decode'][0]['launches']}")
