@@ -168,3 +168,18 @@ def test_estimate_reports_device_time_and_time_with_host_overhead(tmp_path):
         assert ph["with_host_us"] == pytest.approx(ph["est_us"] + ph["host_overhead_us"])
     md = E.markdown(rep)
     assert "device time" in md and "with the host's overhead per call (3.00 ms x launches)" in md
+
+
+def test_markdown_names_presets_errors_and_the_fit():
+    a = dataclasses.replace(_synthetic(4, 4096, 4096, card_us=100.0), id="a")
+    b = dataclasses.replace(_synthetic(8, 4096, 4096, card_us=200.0), id="b", stack="sendnn", fit=False, note="old")
+    rows = [V.Row(a, "measured", "inductor", 110.0), V.Row(b, "measured", "inductor", 150.0),
+            V.Row(a, "measured", "standalone", 110.0), V.Row(b, "measured", "standalone", 160.0)]
+    fr = V.FitResult({"device_memory_bandwidth": 146e9, "kernel_launch_us": 40.0}, {"a": 0.1}, {"a": 0.2}, 0.01, 12)
+    md = V.markdown([a, b], rows, ["measured"], ["inductor", "standalone"], fr,
+                    {"device_memory_bandwidth": 150e9, "kernel_launch_us": 0.0}, {"a": -0.3})
+    assert "| `a` | 100.0 us | **110.0 us (+10%)** | 110.0 us (+10%) |" in md
+    assert "| `b` | 200.0 us | 150.0 us (-25%) | **160.0 us (-20%)** |" in md
+    assert "| `measured` | matching | 2 | 15.0% | -20% (`b`) |" in md        # b on standalone, the old compiler's match
+    assert "| `device_memory_bandwidth` | 150.0 GB/s | 146.0 GB/s |" in md and "leave-one-out 20.0%" in md
+    assert "## What vspyre does not model" in md and "- `b`: old" in md
