@@ -101,7 +101,14 @@ def load(path: str, dtype: torch.dtype, device: torch.device, revision: str | No
         cfg._attn_implementation = ATTN_IMPLEMENTATION
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-        return model.eval().to_empty(device=device)
+        return _retie(model.eval().to_empty(device=device))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION,
                                                  revision=revision)
-    return model.eval().to(device)
+    return _retie(model.eval().to(device))
+
+
+def _retie(model: torch.nn.Module) -> torch.nn.Module:
+    """Moving a module to another device type makes new parameters per module, so an embedding
+    tied to the LM head (Granite's) would sit on the card twice: tie it again."""
+    model.tie_weights()
+    return model

@@ -339,7 +339,15 @@ class Report:
         lines += ["", "TTFT, TPOT, ITL and E2E latency as vLLM's benchmark client defines them; queue: arrival to "
                   "first scheduled step; KV use: vLLM's KV-cache manager's, mean over the card's busy time; padding: "
                   "padded tokens / tokens computed; start-up: graphs compiled (and planned and costed) before "
-                  "serving and their time on this host, cold (and with the compiler's caches warm)."]
+                  "serving and their time on this host, cold (fresh caches) and warm (a second engine started in "
+                  "the same process after `torch._dynamo.reset()`, with the on-disk caches kept: Inductor's FX-graph "
+                  "and AOTAutograd caches and vspyre's plan cache; the standalone compiler has no compiled-graph "
+                  "cache, so its warm start-up re-compiles)."]
+        kv = sorted({(r["backend"], r["batching"], r.get("kv_cache_tokens")) for r in self.runs if r.get("kv_cache_tokens")})
+        if kv:
+            lines.append("")
+            lines.append("KV cache (tokens, from the card's memory less the weights and the largest step): "
+                         + "; ".join(f"{b} {k}: {t:,}" for b, k, t in kv) + ".")
         return "\n".join(lines) + "\n"
 
 
@@ -369,8 +377,8 @@ def plot(report: Report, path: str) -> str:
     for ax, name in zip(axes, ("time to first token (ms)", "inter-token latency (ms)")):
         ax.set_xlabel("output tokens / s (achieved)")
         ax.set_ylabel(name)
-        ax.set_yscale("log")
         ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")          # TTFT spans queueing (seconds to minutes) and prefill alone
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{report.model}: serving estimate (preset {hw}; device time only, no host overhead)", fontsize=10)
     fig.savefig(path, dpi=90, bbox_inches="tight")

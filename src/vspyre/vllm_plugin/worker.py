@@ -106,7 +106,10 @@ class SpyreWorker(WorkerBase):
             seqs = [([0] * tokens, list(range(1, blocks)), 0, tokens)]
             r.backend = "eager"
             with torch.no_grad():
-                r._forward(*r._inputs(seqs, layout="continuous")[0], r.kv_caches)
+                # twice: a weight re-laid in place by the first step and read as stored by the next (a
+                # tied embedding and LM head) holds its second layout from then on
+                for _ in range(2):
+                    r._forward(*r._inputs(seqs, layout="continuous")[0], r.kv_caches)
             peak = torch.spyre.max_memory_allocated(self.device) - cache_bytes
         finally:
             r.kv_caches, r.backend = saved, backend
