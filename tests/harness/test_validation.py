@@ -183,3 +183,12 @@ def test_markdown_names_presets_errors_and_the_fit():
     assert "| `measured` | matching | 2 | 15.0% | -20% (`b`) |" in md        # b on standalone, the old compiler's match
     assert "| `device_memory_bandwidth` | 150.0 GB/s | 146.0 GB/s |" in md and "leave-one-out 20.0%" in md
     assert "## What vspyre does not model" in md and "- `b`: old" in md
+
+
+def test_end_to_end_decomposition():
+    c = V.Case(id="e", kind="e2e", what="x", dtype="float16", stack="torch-spyre", card_us=900_000.0, source="s",
+               table_row="r", fit=False, shape={"model": "m", "batch": 1, "prompt": 128, "phase": "prefill"})
+    r = V.Row(c, "torch-spyre-2026", "inductor", 100_000.0 + 100 * 3000.0, launches=100, kernel_us=100_000.0)
+    md = "\n".join(V._e2e_section([r]))
+    # device 100 ms + 100 x 3 ms = 400 ms; the card's 900 ms leaves 800 ms: 8 ms per launch, room for 267 calls
+    assert "| 900.0 ms | 100.0 ms | 100 | 300.0 ms | 400.0 ms (-56%) | 500.0 ms | 8000.0 us | 267 |" in md

@@ -405,7 +405,7 @@ def _pct(e: float) -> str:
 
 
 def _us(us: float) -> str:
-    return f"{us / 1e3:.1f} ms" if us >= 10000 else f"{us:.1f} us"
+    return f"{us / 1e3:.1f} ms" if abs(us) >= 10000 else f"{us:.1f} us"
 
 
 def case_table(cases: Sequence[Case]) -> list[str]:
@@ -543,15 +543,20 @@ def _compilers_section(rows: Sequence[Row], preset: str) -> list[str]:
 
 def _e2e_section(rows: Sequence[Row]) -> list[str]:
     out = ["| case | compiler | preset | card | kernel (device) time | launches | launches x host overhead | "
-           "estimate with overhead | remainder (card - estimate) | host time per launch the card's figure implies |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "estimate with overhead | remainder (card - estimate) | host time per launch the card's figure implies | "
+           "calls at the preset's overhead the card's figure leaves room for |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.case.is_kernel or r.kernel_us is None:
             continue
         over = r.est_us - r.kernel_us
+        per = over / r.launches if r.launches else 0.0
+        gap = r.case.card_us - r.kernel_us
+        implied = _us(gap / r.launches) if r.launches else "-"
+        calls = f"{gap / per:.0f}" if per else "-"
         out.append(f"| `{r.case.id}` | {r.compiler} | `{r.preset}` | {_us(r.case.card_us)} | {_us(r.kernel_us)} | "
                    f"{r.launches} | {_us(over)} | {_us(r.est_us)} ({_pct(r.err)}) | {_us(r.case.card_us - r.est_us)} | "
-                   f"{_us((r.case.card_us - r.kernel_us) / r.launches) if r.launches else '-'} |")
+                   f"{implied} | {calls} |")
     return out
 
 
