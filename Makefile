@@ -18,6 +18,10 @@ PIPCFG := $(if $(filter 2.13.% 2.14.%,$(TORCH)),,PIP_CONFIG_FILE=/dev/null)
 PIP := $(PIPCFG) $(BIN)/pip install --disable-pip-version-check -q -c $(PINS)
 BUILD_INPUTS := pyproject.toml setup.py $(PINS) src/vspyre/device/_extname.py $(wildcard src/vspyre/device/csrc/*.cpp)
 PYTEST_ARGS ?=
+# The suites run on every core (pytest-xdist; a test module stays on one worker, so its fixtures are
+# built once): `make test JOBS=0` runs them in one process.
+JOBS ?= auto
+XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 # vLLM's own environment (see test-vllm below)
 VLLM_VENV := .venv-vllm
 VLLM_PINS := constraints/vllm-0.32.0.txt
@@ -34,9 +38,9 @@ demo: $(STAMP)
 # (vLLM pins torch 2.13.0).
 SERVING := $(filter 2.13.0,$(TORCH))
 test: $(STAMP) $(if $(SERVING),$(VLLM_STAMP))
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 ifneq ($(SERVING),)
-	$(VLLM_VENV)/bin/python -m pytest -q tests/serving $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q $(XDIST) tests/serving $(PYTEST_ARGS)
 endif
 
 bench: $(STAMP)
@@ -66,7 +70,7 @@ install: $(STAMP)
 # the CPU torch build, vLLM imports them only for multimodal inputs, and the plugin refuses those.
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q tests/serving $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q $(XDIST) tests/serving $(PYTEST_ARGS)
 
 # `make serve` serves MODEL (a checkpoint directory; default: a tiny Llama written on first use) on
 # the card with vLLM's OpenAI server; VSPYRE_VLLM_BACKEND=standalone for the old compiler.
