@@ -222,7 +222,8 @@ def _entries() -> dict[Any, tuple[str, Callable, Callable | None]]:
     """functional op -> (kind, make, applies)."""
     out: dict[Any, tuple[str, Callable, Callable | None]] = {}
     for op, lw in L.TABLE.items():
-        if lw.kind != "kernel" or not isinstance(op, torch._ops.OpOverload) or op in _NATIVE or _composite(op):
+        if lw.kind != "kernel" or not isinstance(op, torch._ops.OpOverload) or op in _NATIVE or op in _DEDICATED \
+                or _composite(op):
             continue
         kind = "pointwise" if lw.doc == "pointwise" else {
             "copy (broadcast, cast)": "copy", "iota": "iota", "triangular mask": "pointwise"}.get(lw.doc, lw.doc)
@@ -425,6 +426,33 @@ def _kernel(fop: Any, called: Any, kind: str, make: Callable, applies: Callable 
     return kernel
 
 
+# ------------------------------------------------------------------------------------- grouped matmul
+def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch._grouped_mm`` on the card (the experts of mixture-of-experts layers): the standalone
+    lowering's ``grouped_mm_run`` (offsets read back, a counted sync; one systolic matmul per
+    non-empty group). Its own kernel, not the table's generic call: ATen's meta function takes
+    bf16 only, the card (and the CPU) all its float dtypes. Forms other than 2-D x 3-D with
+    offsets run as a counted host fallback."""
+    op = aten._grouped_mm.default
+    opn = op_name(op)
+    ts = [t for t in (x, w, offs, bias) if t is not None]
+    dev = x.device
+    if (_enabled and dev_fallback.current_context() == "eager" and offs is not None and bias is None
+            and x.dim() == 2 and w.dim() == 3 and all(t.device == dev for t in ts) and x.numel() and w.numel()):
+        from ..ir import library
+        library.grouped_mm_check(opn, x, w, offs, bias, out_dtype)
+        out = L.grouped_mm_run(EagerCtx(dev, opn), opn, x, w, offs, out_dtype)
+        _stats.calls[opn] += 1
+        return out
+    if _enabled:
+        _stats.declined[opn] += 1
+    return dev_fallback.host_fallback(op, x, w, offs, bias, out_dtype)
+
+
+_DEDICATED = {aten._grouped_mm.default: _grouped_mm}
+
+
 _libs: dict[str, torch.library.Library] | None = None
 
 
@@ -447,6 +475,9 @@ def register() -> None:
         return libs[ns]
 
     hooked_by = {v: k for k, v in _HOOKED.items()}
+    for fop, fn in _DEDICATED.items():
+        TABLE[op_name(fop)] = EagerOp(op_name(fop), L.TABLE[fop].doc, "rank")
+        lib(fop).impl(_impl_name(fop), torch.compiler.disable(fn), "PrivateUse1")
     for fop, (kind, make, applies) in _entries().items():
         variants = _variants(fop)
         per = "shape" if fop in _PER_SHAPE else "rank"
