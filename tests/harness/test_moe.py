@@ -5,7 +5,7 @@ and the host fallbacks are exactly the ones listed here, each with its reason.""
 import pytest
 import torch
 
-from vspyre.harness.models import MOE_EXPERTS, tiny_mixtral
+from vspyre.harness.models import MOE_EXPERTS, tiny_granitemoe, tiny_mixtral, tiny_qwen3_moe
 from vspyre.runtime import routing
 from vspyre.inductor.wrapper import compiled_fallbacks, reset_compiled_fallbacks
 
@@ -51,6 +51,32 @@ def test_mixtral_on_the_card(experts, path):
         assert compiled_fallbacks() == {}
     if experts == "grouped_mm":   # two grouped matmuls per layer, each reads its offsets back once
         assert sum(routing.sync_stats().values()) == 2 * 2
+
+
+_SLOW = pytest.mark.slow     # the same expert path as GraniteMoE's: compiled runs kept out of the fast suite
+
+
+@pytest.mark.parametrize("family, path", [
+    (tiny_granitemoe, "eager"), (tiny_granitemoe, "inductor"), (tiny_granitemoe, "spyre_standalone"),
+    (tiny_qwen3_moe, "eager"), pytest.param(tiny_qwen3_moe, "inductor", marks=_SLOW),
+    pytest.param(tiny_qwen3_moe, "spyre_standalone", marks=_SLOW)],
+    ids=lambda v: getattr(v, "__name__", v))
+def test_other_moe_families_take_the_same_grouped_path(family, path):
+    """GraniteMoE (its own router: top-k, then softmax) and Qwen3-MoE use transformers' shared
+    expert implementations; their default grouped path runs on the card like Mixtral's."""
+    case = family(experts="grouped_mm")
+    ref = case.output()
+    dev = case.clone().to("spyre")
+    model = dev.model if path == "eager" else torch.compile(dev.model, backend=path)
+    torch._dynamo.reset()
+    reset_compiled_fallbacks()
+    torch.spyre.reset_fallback_stats()
+    routing.reset_sync_stats()
+    with torch.no_grad():
+        out = dev.output_fn(model(**dev.inputs))
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    assert torch.spyre.fallback_stats() == {} and compiled_fallbacks() == {}
+    assert sum(routing.sync_stats().values()) == 2 * 2
 
 
 def test_routing_ops_on_the_card_match_the_cpu():
