@@ -450,7 +450,24 @@ def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None = No
     return dev_fallback.host_fallback(op, x, w, offs, bias, out_dtype)
 
 
-_DEDICATED = {aten._grouped_mm.default: _grouped_mm}
+def _nonzero(x: torch.Tensor) -> torch.Tensor:
+    """``nonzero`` on the card (the standalone lowerings' ``nonzero_run``): two programs and the
+    count read back between them (a counted sync, as CUDA's ``nonzero`` syncs). Its own kernel:
+    the result's size is data, which the table's generic call (a meta function first) cannot
+    give. Past ``SCAN_MAX`` entries a counted host fallback."""
+    op = aten.nonzero.default
+    opn = op_name(op)
+    if _enabled and dev_fallback.current_context() == "eager" and x.device.type == "spyre":
+        out = L.nonzero_run(EagerCtx(x.device, opn), x)
+        if out is not None:
+            _stats.calls[opn] += 1
+            return out
+    if _enabled:
+        _stats.declined[opn] += 1
+    return dev_fallback.host_fallback(op, x)
+
+
+_DEDICATED = {aten._grouped_mm.default: _grouped_mm, aten.nonzero.default: _nonzero}
 
 
 _libs: dict[str, torch.library.Library] | None = None
@@ -476,7 +493,8 @@ def register() -> None:
 
     hooked_by = {v: k for k, v in _HOOKED.items()}
     for fop, fn in _DEDICATED.items():
-        TABLE[op_name(fop)] = EagerOp(op_name(fop), L.TABLE[fop].doc, "rank")
+        kind = L.TABLE[fop].doc if fop in L.TABLE else "nonzero: ranks, count read back, coordinates"
+        TABLE[op_name(fop)] = EagerOp(op_name(fop), kind, "shape")
         lib(fop).impl(_impl_name(fop), torch.compiler.disable(fn), "PrivateUse1")
     for fop, (kind, make, applies) in _entries().items():
         variants = _variants(fop)

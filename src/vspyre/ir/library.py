@@ -45,7 +45,8 @@ from .builder import ProgramBuilder
 from .indexing import FloorDiv, ModularIndexing, sym
 from .program import Program
 
-__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "grouped_mm", "grouped_mm_check", "grouped_mm_launches", "histc", "index_add", "kv_write", "paged_attend",
+__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "grouped_mm", "grouped_mm_check", "grouped_mm_launches", "histc", "index_add", "kv_write",
+           "nonzero_ranks", "nonzero_select", "paged_attend",
            "paged_attention", "paged_attention_launches", "paged_positions", "paged_qmax", "scan", "scatter_fill",
            "sort_ranks", "sort_select", "spec_of", "topk"]
 
@@ -575,6 +576,42 @@ def sort_select(x: Spec, ranks: Spec, values: Spec | None, indices: Spec | None,
         b.store(vb, _idx(values[2], lead + [p]), b.to(v, x[0]))
     if ib is not None:
         b.store(ib, _idx(indices[2], lead + [p]), b.reduce("sum", b.where(hit, b.index_value(i), 0), i))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def nonzero_ranks(x: Spec, ranks: Spec, name: str = "nonzero_rank", source: str = "library") -> Program:
+    """The first half of ``nonzero`` over a flat ``x`` of ``n`` entries: ``ranks[i]`` = how many
+    entries at positions ``<= i`` are nonzero (a masked count, O(n^2) work, ``n`` up to
+    ``SCAN_MAX``). ``ranks[n - 1]`` is the result's length: the host reads it back (a sync, as
+    CUDA's ``nonzero`` does) to size the result."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    rb = b.output("ranks", *ranks)
+    i, j = b.dim("x0", x[1][0]), b.rdim("r0", x[1][0])
+    hit = b.logical_and(b.ne(b.load(xb, _idx(x[2], [j])), 0), b.le(b.index_value(j), b.index_value(i)))
+    b.store(rb, _idx(ranks[2], [i]), b.reduce("sum", b.where(hit, 1, 0), j))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def nonzero_select(x: Spec, ranks: Spec, out: Spec, shape: tuple, name: str = "nonzero_select",
+                   source: str = "library") -> Program:
+    """The second half: ``out[p, :]`` = the coordinates in ``shape`` (row-major) of the nonzero
+    entry of rank ``p + 1`` (exactly one per ``p``: a masked sum of its flat position, then one
+    floor-division and modulo per dim). ``out``'s rows (the count read back) may be a symbol."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    rb = b.input("ranks", *ranks)
+    ob = b.output("out", *out)
+    p, i = b.dim("x0", out[1][0]), b.rdim("r0", x[1][0])
+    hit = b.logical_and(b.ne(b.load(xb, _idx(x[2], [i])), 0),
+                        b.eq(b.load(rb, _idx(ranks[2], [i])), b.add(b.index_value(p), 1)))
+    pos = b.reduce("sum", b.where(hit, b.index_value(i), 0), i)
+    stride = 1
+    for d in reversed(range(len(shape))):
+        b.store(ob, _idx(out[2], [p]) + out[2][1] * d, b.mod(b.floordiv(pos, stride), shape[d]))
+        stride *= shape[d]
     return b.build()
 
 

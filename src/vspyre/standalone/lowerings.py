@@ -924,6 +924,32 @@ def grouped_mm_run(ctx, op, x, w, offs, odt=None):
     return out
 
 
+def nonzero_run(ctx, x):
+    """``nonzero(x)`` on the card: the ranks of the nonzero entries (``library.nonzero_ranks``,
+    over a contiguous flat copy when ``x`` is not one), their count read back (a counted sync;
+    estimate-only mode assumes every entry nonzero, an upper bound: ``vspyre.runtime.routing``),
+    then their coordinates (``library.nonzero_select``). Returns None (no tile form: the caller
+    runs a host fallback) past ``SCAN_MAX`` entries or for an empty ``x``."""
+    from ..ir.indexing import sym
+    from ..runtime import routing
+    n = x.numel()
+    if n == 0 or n > library.SCAN_MAX or x.dtype.is_complex:
+        return None
+    flat = x if x.is_contiguous() else ctx.pointwise("clone", tuple(x.shape), x.dtype, [x], ("in", 0))
+    flat = flat.reshape(n)
+    ranks = ctx.alloc((n,), torch.int64, fresh=True)
+    xs = spec(flat)
+    ctx.launch(library.nonzero_ranks(xs, spec(ranks), source=K.SOURCE), flat, ranks)
+    got = routing.read_sizes(ranks[n - 1:], "aten::nonzero")
+    count = n if got is None else got[0]
+    out = torch.empty((count, x.dim()), dtype=torch.int64, device=ranks.device)
+    if count and x.dim():          # a 0-d x: its (count, 0) result has nothing to compute
+        os_ = (torch.int64, (sym("nz"), x.dim()), (x.dim(), 1))
+        ctx.launch(library.nonzero_select(xs, spec(ranks), os_, tuple(int(d) for d in x.shape), source=K.SOURCE),
+                   flat, ranks, out)
+    return out
+
+
 def _grouped_mm_applies(node) -> bool:
     a = node.args
     return len(a) >= 3 and a[2] is not None and all(
