@@ -128,3 +128,25 @@ def test_cli_estimate_bad_routing_is_one_line(tmp_path, capsys):
     cfg.write_text(json.dumps(TINY_MOE))
     assert cli.main(["estimate", "--config", str(cfg), "--routing", "hot", "--out", str(tmp_path)]) == 2
     assert "routing 'hot': expected 'balanced' or 'skewed:F'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(5, 7) > 0, lambda: torch.randn(3, 4, 5).relu(), lambda: (torch.randn(6, 3) > 0).t(),
+    lambda: torch.zeros(4, 3), lambda: torch.tensor([1, 0, 2]), lambda: torch.tensor(3.0)],
+    ids=["bool", "3d-float", "transposed", "all-zero", "int", "0-d"])
+def test_nonzero_on_the_card_reads_its_count_back(make):
+    torch.manual_seed(0)
+    x = make()
+    torch.spyre.reset_fallback_stats()
+    routing.reset_sync_stats()
+    got = torch.nonzero(x.to("spyre"))
+    assert torch.equal(got.cpu(), torch.nonzero(x))
+    assert torch.spyre.fallback_stats() == {} and routing.sync_stats() == {"aten::nonzero": 1}
+
+
+def test_nonzero_past_scan_max_is_a_counted_host_fallback():
+    from vspyre.ir.library import SCAN_MAX
+    x = torch.arange(SCAN_MAX + 1) % 3
+    torch.spyre.reset_fallback_stats()
+    assert torch.equal(torch.nonzero(x.to("spyre")).cpu(), torch.nonzero(x))
+    assert torch.spyre.fallback_stats() == {"aten::nonzero": 1}

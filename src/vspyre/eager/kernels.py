@@ -457,6 +457,12 @@ def _nonzero(x: torch.Tensor) -> torch.Tensor:
     give. Past ``SCAN_MAX`` entries a counted host fallback."""
     op = aten.nonzero.default
     opn = op_name(op)
+    from ..runtime.memory import estimate_only, has_values
+    if estimate_only() and not has_values(x):
+        # no values, so no size to read back and no assumption that fits every use: the host
+        # fallback raises EstimateOnlyError naming the op (routing assumptions cover the experts'
+        # grouped matmul, not arbitrary masks)
+        return dev_fallback.host_fallback(op, x)
     if _enabled and dev_fallback.current_context() == "eager" and x.device.type == "spyre":
         out = L.nonzero_run(EagerCtx(x.device, opn), x)
         if out is not None:

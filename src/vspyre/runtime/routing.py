@@ -16,9 +16,9 @@ nothing to read: the sizes come from the *routing assumption* instead, set here 
   ``1/k`` routes more rows to one expert than there are tokens (``skewed:0.5`` with top-2 is the
   extreme: every token picks the hot expert).
 
-``nonzero`` in estimate-only mode assumes every entry is nonzero (the largest result, a stated
-upper bound). :func:`assumed` counts the sizes each op resolved by assumption, so a report can say
-which of its figures rest on the assumption.
+:func:`assumed` counts the sizes each op resolved by assumption, so a report can say which of its
+figures rest on the assumption. ``nonzero`` of a tensor without values has no assumption that
+fits every mask: it raises ``torch.spyre.EstimateOnlyError`` naming the op, as before.
 """
 
 from __future__ import annotations

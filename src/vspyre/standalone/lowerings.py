@@ -926,9 +926,8 @@ def grouped_mm_run(ctx, op, x, w, offs, odt=None):
 
 def nonzero_run(ctx, x):
     """``nonzero(x)`` on the card: the ranks of the nonzero entries (``library.nonzero_ranks``,
-    over a contiguous flat copy when ``x`` is not one), their count read back (a counted sync;
-    estimate-only mode assumes every entry nonzero, an upper bound: ``vspyre.runtime.routing``),
-    then their coordinates (``library.nonzero_select``). Returns None (no tile form: the caller
+    over a contiguous flat copy when ``x`` is not one), their count read back (a counted sync,
+    ``vspyre.runtime.routing.read_sizes``), then their coordinates (``library.nonzero_select``). Returns None (no tile form: the caller
     runs a host fallback) past ``SCAN_MAX`` entries or for an empty ``x``."""
     from ..ir.indexing import sym
     from ..runtime import routing
@@ -941,7 +940,9 @@ def nonzero_run(ctx, x):
     xs = spec(flat)
     ctx.launch(library.nonzero_ranks(xs, spec(ranks), source=K.SOURCE), flat, ranks)
     got = routing.read_sizes(ranks[n - 1:], "aten::nonzero")
-    count = n if got is None else got[0]
+    if got is None:          # estimate-only: callers refuse a tensor without values before this
+        raise RuntimeError("aten::nonzero: the count of a tensor without values cannot be read back")
+    count = got[0]
     out = torch.empty((count, x.dim()), dtype=torch.int64, device=ranks.device)
     if count and x.dim():          # a 0-d x: its (count, 0) result has nothing to compute
         os_ = (torch.int64, (sym("nz"), x.dim()), (x.dim(), 1))
