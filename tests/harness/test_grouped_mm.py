@@ -141,7 +141,7 @@ def test_nonzero_on_the_card_reads_its_count_back(make):
     routing.reset_sync_stats()
     got = torch.nonzero(x.to("spyre"))
     assert torch.equal(got.cpu(), torch.nonzero(x))
-    assert torch.spyre.fallback_stats() == {} and routing.sync_stats() == {"aten::nonzero": 1}
+    assert torch.spyre.fallback_stats() == {} and torch.spyre.sync_stats() == {"aten::nonzero": 1}
 
 
 def test_nonzero_past_scan_max_is_a_counted_host_fallback():

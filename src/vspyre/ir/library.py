@@ -19,7 +19,11 @@ along dim 0 as a masked sum over the source rows: exact with repeated indices, n
 O(rows x sources) vector work), :func:`sort_ranks` + :func:`sort_select` (a stable sort: each
 entry's rank by a masked count, then the entry of each rank; O(n^2)), :func:`histc` (a histogram over fixed edges as one masked count per
 bin, in fp32 for every input dtype: the integer ``histc`` the CPU lacks) and :func:`scan` (``cumsum``/``cumprod`` as a masked reduction, the
-Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``).
+Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``). The experts' grouped matmul
+(:func:`grouped_mm`, launched once per non-empty group by :func:`grouped_mm_launches`, checked by
+:func:`grouped_mm_check`) and ``nonzero`` (:func:`nonzero_ranks`, then :func:`nonzero_select`)
+need sizes that are values on the card: their callers read them back (a counted sync) or, in
+estimate-only mode, take them from the routing assumption (``vspyre.runtime.routing``).
 
 Paged attention (``spyre::paged_attention``, the vLLM plugin's op; every path launches
 :func:`paged_attention_launches`): :func:`kv_write` (the step's keys and values into the paged
@@ -45,7 +49,8 @@ from .builder import ProgramBuilder
 from .indexing import FloorDiv, ModularIndexing, sym
 from .program import Program
 
-__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "grouped_mm", "grouped_mm_check", "grouped_mm_launches", "histc", "index_add", "kv_write",
+__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "grouped_mm", "grouped_mm_check",
+           "grouped_mm_launches", "histc", "index_add", "kv_write",
            "nonzero_ranks", "nonzero_select", "paged_attend",
            "paged_attention", "paged_attention_launches", "paged_positions", "paged_qmax", "scan", "scatter_fill",
            "sort_ranks", "sort_select", "spec_of", "topk"]
