@@ -517,7 +517,8 @@ def markdown(report: dict[str, Any]) -> str:
         lambda r: f"{sum(r['prefill']['fallbacks'].values())} / {sum(r['decode'][0]['fallbacks'].values())}")
     if rt.get("moe"):
         row("data-dependent sizes per prefill: read back (syncs) / assumed",
-            lambda r: f"{sum(r['prefill'].get('syncs', {}).values())} / {sum(r['prefill'].get('assumed', {}).values())}")
+            lambda r: f"{sum(r['prefill'].get('syncs', {}).values())} / "
+                      f"{sum(r['prefill'].get('assumed', {}).values())}")
     row("compile, prefill: cold / warm", lambda r: f"{r['prefill']['first_call_s']:.1f} s / {r['prefill_warm_s']:.1f} s")
     row("compile, decode (first step)", lambda r: f"{r['decode'][0]['first_call_s']:.1f} s")
     row("decode graphs / recompiles over KV lengths",

@@ -362,7 +362,8 @@ def tiny_granitemoe(batch: int = 2, seq: int = 16, seed: int = 0, experts: str =
     model = _build(GraniteMoeForCausalLM, cfg, seed)
     ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=_gen(seed))
     return ModelCase(f"tiny-granitemoe-{experts}", model, {"input_ids": ids}, kind="llm", output_fn=logits,
-                     is_transformer=True, meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
+                     is_transformer=True,
+                     meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
 
 
 def tiny_qwen3_moe(batch: int = 2, seq: int = 16, seed: int = 0, experts: str = "grouped_mm") -> ModelCase:
@@ -381,7 +382,8 @@ def tiny_qwen3_moe(batch: int = 2, seq: int = 16, seed: int = 0, experts: str = 
     model = _build(Qwen3MoeForCausalLM, cfg, seed)
     ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=_gen(seed))
     return ModelCase(f"tiny-qwen3-moe-{experts}", model, {"input_ids": ids}, kind="llm", output_fn=logits,
-                     is_transformer=True, meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
+                     is_transformer=True,
+                     meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
 
 
 # -- registry --------------------------------------------------------------------------------

@@ -927,8 +927,9 @@ def grouped_mm_run(ctx, op, x, w, offs, odt=None):
 def nonzero_run(ctx, x):
     """``nonzero(x)`` on the card: the ranks of the nonzero entries (``library.nonzero_ranks``,
     over a contiguous flat copy when ``x`` is not one), their count read back (a counted sync,
-    ``vspyre.runtime.routing.read_sizes``), then their coordinates (``library.nonzero_select``). Returns None (no tile form: the caller
-    runs a host fallback) past ``SCAN_MAX`` entries or for an empty ``x``."""
+    ``vspyre.runtime.routing.read_sizes``), then their coordinates (``library.nonzero_select``).
+    Returns None (no tile form: the caller runs a host fallback) past ``SCAN_MAX`` entries or for
+    an empty ``x``."""
     from ..ir.indexing import sym
     from ..runtime import routing
     n = x.numel()
