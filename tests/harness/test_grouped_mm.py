@@ -150,3 +150,22 @@ def test_nonzero_past_scan_max_is_a_counted_host_fallback():
     torch.spyre.reset_fallback_stats()
     assert torch.equal(torch.nonzero(x.to("spyre")).cpu(), torch.nonzero(x))
     assert torch.spyre.fallback_stats() == {"aten::nonzero": 1}
+
+
+@pytest.mark.parametrize("backend", ["inductor", "spyre_standalone"])
+def test_compiled_aten_grouped_mm_bf16_stays_on_the_card(backend):
+    """bf16 models: transformers calls torch._grouped_mm in compiled graphs too (aten._grouped_mm
+    in the graph): a library node on Inductor, a kernel of the standalone compiler."""
+    from vspyre.inductor.wrapper import compiled_fallbacks, reset_compiled_fallbacks
+    torch.manual_seed(0)
+    x, w = torch.randn(12, 32).bfloat16(), torch.randn(4, 32, 16).bfloat16()
+    o = torch.tensor([2, 6, 6, 12], dtype=torch.int32)
+    torch._dynamo.reset()
+    reset_compiled_fallbacks()
+    torch.spyre.reset_fallback_stats()
+    routing.reset_sync_stats()
+    f = torch.compile(lambda a, b, c: torch._grouped_mm(a, b, offs=c) * 2, backend=backend)
+    got = f(x.to("spyre"), w.to("spyre"), o.to("spyre"))
+    torch.testing.assert_close(got.cpu(), torch._grouped_mm(x, w, offs=o) * 2)
+    assert torch.spyre.fallback_stats() == {} and compiled_fallbacks() == {}
+    assert routing.sync_stats() == {"aten::_grouped_mm": 1}
