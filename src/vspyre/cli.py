@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_cmd_compare)
     p = sub.add_parser("estimate", help="time to first token, tokens/s, memory and compile time of a full-size "
                        "LLM on the card, without its weights (estimate-only: kernels planned and costed, not run)")
-    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b")
+    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b, mixtral-8x7b")
     p.add_argument("--config", help="a transformers config.json instead of a built-in name")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_cmd_estimate)
     p = sub.add_parser("serve-estimate", help="throughput and latency of a full-size LLM served by vLLM on the card "
                        "at a given load, on a virtual clock (estimate-only: no weights, steps costed not run)")
-    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b")
+    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b, mixtral-8x7b")
     p.add_argument("--config", help="a transformers config.json instead of a built-in name")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")
     p.add_argument("--qps", default="inf", help="request rates, comma-separated (inf: all at once); Poisson arrivals")
