@@ -36,6 +36,11 @@ def _autoload() -> None:
     torch.spyre.reset_eager_kernel_stats = eager.reset_stats
     torch.spyre.eager_kernels = eager.enabled
 
+    from .runtime import routing
+
+    torch.spyre.sync_stats = routing.sync_stats          # data-dependent sizes read back, per op
+    torch.spyre.reset_sync_stats = routing.reset_sync_stats
+
 
 def profile(*args, **kwargs):
     """``with torch.spyre.profile() as prof:`` records kernels and host fallbacks.

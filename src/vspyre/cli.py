@@ -125,7 +125,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     opts = E.Options(name=args.name, config=args.config, batch=args.batch, prompt=args.prompt,
                      new_tokens=args.new_tokens, dtype=args.dtype,
                      backends=tuple(E.BACKENDS) if args.backend == "both" else (args.backend,),
-                     cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top)
+                     cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top,
+                     routing=args.routing)
     try:
         report = E.estimate(opts, progress=not args.no_progress)
     except E.EstimateError as e:
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_cmd_compare)
     p = sub.add_parser("estimate", help="time to first token, tokens/s, memory and compile time of a full-size "
                        "LLM on the card, without its weights (estimate-only: kernels planned and costed, not run)")
-    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b")
+    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b, mixtral-8x7b")
     p.add_argument("--config", help="a transformers config.json instead of a built-in name")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
@@ -226,12 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--execute", action="store_true",
                    help="run the kernels functionally with random weights instead of estimate-only (small configs)")
     p.add_argument("--top", type=int, default=10, help="kernels listed per backend")
+    p.add_argument("--routing", default="balanced",
+                   help="mixture-of-experts models in estimate-only mode (no router values): 'balanced' (routed "
+                        "tokens spread evenly over the experts) or 'skewed:F' (fraction F of them to one expert)")
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_estimate)
     p = sub.add_parser("serve-estimate", help="throughput and latency of a full-size LLM served by vLLM on the card "
                        "at a given load, on a virtual clock (estimate-only: no weights, steps costed not run)")
-    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b")
+    p.add_argument("name", nargs="?", help="a built-in config: llama-3-8b, granite-3-8b, llama-3-70b, mixtral-8x7b")
     p.add_argument("--config", help="a transformers config.json instead of a built-in name")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")
     p.add_argument("--qps", default="inf", help="request rates, comma-separated (inf: all at once); Poisson arrivals")

@@ -222,7 +222,8 @@ def _entries() -> dict[Any, tuple[str, Callable, Callable | None]]:
     """functional op -> (kind, make, applies)."""
     out: dict[Any, tuple[str, Callable, Callable | None]] = {}
     for op, lw in L.TABLE.items():
-        if lw.kind != "kernel" or not isinstance(op, torch._ops.OpOverload) or op in _NATIVE or _composite(op):
+        if lw.kind != "kernel" or not isinstance(op, torch._ops.OpOverload) or op in _NATIVE or op in _DEDICATED \
+                or _composite(op):
             continue
         kind = "pointwise" if lw.doc == "pointwise" else {
             "copy (broadcast, cast)": "copy", "iota": "iota", "triangular mask": "pointwise"}.get(lw.doc, lw.doc)
@@ -425,6 +426,56 @@ def _kernel(fop: Any, called: Any, kind: str, make: Callable, applies: Callable 
     return kernel
 
 
+# ------------------------------------------------------------------------------------- grouped matmul
+def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch._grouped_mm`` on the card (the experts of mixture-of-experts layers): the standalone
+    lowering's ``grouped_mm_run`` (offsets read back, a counted sync; one systolic matmul per
+    non-empty group). Its own kernel, not the table's generic call: ATen's meta function takes
+    bf16 only, the card (and the CPU) all its float dtypes. Forms other than 2-D x 3-D with
+    offsets run as a counted host fallback."""
+    op = aten._grouped_mm.default
+    opn = op_name(op)
+    ts = [t for t in (x, w, offs, bias) if t is not None]
+    dev = x.device
+    if (_enabled and dev_fallback.current_context() == "eager" and offs is not None and bias is None
+            and x.dim() == 2 and w.dim() == 3 and all(t.device == dev for t in ts) and x.numel() and w.numel()):
+        from ..ir import library
+        library.grouped_mm_check(opn, x, w, offs, bias, out_dtype)
+        out = L.grouped_mm_run(EagerCtx(dev, opn), opn, x, w, offs, out_dtype)
+        _stats.calls[opn] += 1
+        return out
+    if _enabled:
+        _stats.declined[opn] += 1
+    return dev_fallback.host_fallback(op, x, w, offs, bias, out_dtype)
+
+
+def _nonzero(x: torch.Tensor) -> torch.Tensor:
+    """``nonzero`` on the card (the standalone lowerings' ``nonzero_run``): two programs and the
+    count read back between them (a counted sync, as CUDA's ``nonzero`` syncs). Its own kernel:
+    the result's size is data, which the table's generic call (a meta function first) cannot
+    give. Past ``SCAN_MAX`` entries a counted host fallback."""
+    op = aten.nonzero.default
+    opn = op_name(op)
+    from ..runtime.memory import estimate_only, has_values
+    if estimate_only() and not has_values(x):
+        # no values, so no size to read back and no assumption that fits every use: the host
+        # fallback raises EstimateOnlyError naming the op (routing assumptions cover the experts'
+        # grouped matmul, not arbitrary masks)
+        return dev_fallback.host_fallback(op, x)
+    if _enabled and dev_fallback.current_context() == "eager" and x.device.type == "spyre":
+        out = L.nonzero_run(EagerCtx(x.device, opn), x)
+        if out is not None:
+            _stats.calls[opn] += 1
+            return out
+    if _enabled:
+        _stats.declined[opn] += 1
+    return dev_fallback.host_fallback(op, x)
+
+
+_DEDICATED = {aten._grouped_mm.default: _grouped_mm, aten.nonzero.default: _nonzero}
+
+
 _libs: dict[str, torch.library.Library] | None = None
 
 
@@ -447,6 +498,10 @@ def register() -> None:
         return libs[ns]
 
     hooked_by = {v: k for k, v in _HOOKED.items()}
+    for fop, fn in _DEDICATED.items():
+        kind = L.TABLE[fop].doc if fop in L.TABLE else "nonzero: ranks, count read back, coordinates"
+        TABLE[op_name(fop)] = EagerOp(op_name(fop), kind, "shape")
+        lib(fop).impl(_impl_name(fop), torch.compiler.disable(fn), "PrivateUse1")
     for fop, (kind, make, applies) in _entries().items():
         variants = _variants(fop)
         per = "shape" if fop in _PER_SHAPE else "rank"

@@ -104,6 +104,7 @@ class Options:
     layers: int | None = None
     execute: bool = False          # functional run (small configs): same figures, real values
     top: int = 10
+    routing: str = "balanced"      # estimate-only: how routed rows split over experts (vspyre.runtime.routing)
 
 
 @dataclass
@@ -117,6 +118,8 @@ class Phase:
     host_overhead_us: float = 0.0  # launches x the preset's host_overhead_us (host time, not device time)
     with_host_us: float = 0.0      # est_us + host_overhead_us: the call's time when the host pays per launch
     fallbacks: dict[str, int] = field(default_factory=dict)
+    syncs: dict[str, int] = field(default_factory=dict)      # data-dependent sizes read back from the card
+    assumed: dict[str, int] = field(default_factory=dict)    # ... or resolved by the routing assumption
     roofline_us: float = 0.0
     graphs: int = 0                # Dynamo graphs compiled so far in this phase
     first_call_s: float = 0.0      # wall time of the first call (compile + plan)
@@ -124,11 +127,13 @@ class Phase:
 
 
 def _profile_call(fn, top: int) -> Phase:
-    from ..runtime import profiler
+    from ..runtime import profiler, routing
 
+    routing.reset_sync_stats()
+    routing.reset_assumed()
     with profiler.profile(record_segments=False) as p:
         fn()
-    ph = Phase()
+    ph = Phase(syncs=routing.sync_stats(), assumed=routing.assumed())
     ph.kernel_us = p.total_est_us
     ph.fallback_us = sum(f.est_us for f in p.fallbacks)
     ph.est_us = ph.kernel_us + ph.fallback_us
@@ -337,18 +342,24 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
             raise EstimateError(f"unknown backend {b!r}; one of {', '.join(BACKENDS)} or 'both'")
     if opts.batch < 1 or opts.prompt < 1 or opts.new_tokens < 0 or opts.cards < 1:
         raise EstimateError("--batch, --prompt and --cards must be >= 1, --new-tokens >= 0")
+    from ..runtime import routing
+    try:
+        route = routing.parse(opts.routing)
+    except ValueError as e:
+        raise EstimateError(str(e)) from None
     cfg = load_config(opts.name, opts.config, opts.layers)
     dtype = DTYPES[opts.dtype]
     limit = getattr(cfg, "max_position_embeddings", None)
     if limit and opts.prompt + opts.new_tokens > limit:
         raise EstimateError(f"prompt {opts.prompt} + {opts.new_tokens} new tokens exceeds the model's "
                             f"{limit} positions (max_position_embeddings)")
-    with _hw(opts.hw, opts.cards) as hw_cfg, fresh_compile_caches():
+    with _hw(opts.hw, opts.cards) as hw_cfg, fresh_compile_caches(), routing.routing(route):
         report = _memory(cfg, opts, dtype, hw_cfg)
         report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
                        "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
                        "hw": hw_cfg.name, "host_overhead_us": hw_cfg.host_overhead_us, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
-                       "mode": "functional" if opts.execute else "estimate-only", "backends": {}})
+                       "mode": "functional" if opts.execute else "estimate-only", "backends": {},
+                       "routing": _routing_info(cfg, route, opts.execute)})
         if not report["fits"]:
             return report
         steps = 3 + len(_kv_lengths(cfg, opts))
@@ -360,6 +371,28 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
                 report["backends"][b] = r
         _measured_memory(report, cfg, opts, dtype)
     return report
+
+
+def _experts(cfg: Any) -> tuple[int, int] | None:
+    """(experts, experts per token) of a mixture-of-experts config, None for a dense one."""
+    for e, k in (("num_local_experts", "num_experts_per_tok"), ("num_experts", "num_experts_per_tok"),
+                 ("n_routed_experts", "num_experts_per_tok")):
+        n, top = getattr(cfg, e, None), getattr(cfg, k, None)
+        if isinstance(n, int) and n > 1 and isinstance(top, int):
+            return n, top
+    return None
+
+
+def _routing_info(cfg: Any, route: Any, execute: bool) -> dict[str, Any]:
+    """What the report's figures assume about routing: nothing for a dense model or a functional
+    run (the router's real choices), else the estimate-only assumption."""
+    moe = _experts(cfg)
+    if moe is None:
+        return {"moe": False, "assumption": None, "text": "dense model: no routing"}
+    info = {"moe": True, "experts": moe[0], "top_k": moe[1]}
+    if execute:
+        return {**info, "assumption": None, "text": "functional run: the router's own choices on random weights"}
+    return {**info, "assumption": str(route), "text": route.describe()}
 
 
 def _memory(cfg: Any, opts: Options, dtype: torch.dtype, hw_cfg: hardware.HardwareConfig) -> dict[str, Any]:
@@ -443,6 +476,12 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| peak activations (prefill) | {_gib(mem['peak_activations_bytes'])} |")
         lines.append(f"| total | {_gib(mem['total_bytes'])} |")
     lines += [f"| one card's capacity | {_gib(mem['capacity_bytes'])} |", ""]
+    rt = report.get("routing") or {}
+    if rt.get("moe"):
+        lines += [f"Mixture of experts: {rt['experts']} experts, top-{rt['top_k']}. Routing: "
+                  + (f"**{rt['assumption']}** ({rt['text']}); every time below assumes it (in estimate-only mode "
+                     "the card holds no router values; `--routing balanced|skewed:F` changes it)."
+                     if rt.get("assumption") else rt["text"] + "."), ""]
     if mem["cards"] > 1:
         lines += [f"Device memory pooled over {mem['cards']} cards; times are one card's (multi-card execution "
                   "is not modelled).", ""]
@@ -459,22 +498,27 @@ def markdown(report: dict[str, Any]) -> str:
     def row(label: str, fn) -> None:
         lines.append(f"| {label} | " + " | ".join(fn(bs[n]) for n in names) + " |")
 
-    row("time to first token (prefill), device time", lambda r: _ms(r["prefill"]["est_us"]))
+    tag = f" [routing {rt['assumption']}]" if rt.get("assumption") else ""
+    row(f"time to first token (prefill), device time{tag}", lambda r: _ms(r["prefill"]["est_us"]))
     row("prefill roofline efficiency", lambda r: f"{r['prefill']['roofline_us'] / r['prefill']['est_us']:.0%}"
         if r["prefill"]["est_us"] else "-")
     for i, s in enumerate(bs[names[0]]["decode"]):
-        row(f"time per output token, KV {s['kv']}, device time", lambda r, i=i: _ms(r["decode"][i]["est_us"]))
+        row(f"time per output token, KV {s['kv']}, device time{tag}", lambda r, i=i: _ms(r["decode"][i]["est_us"]))
     over = report.get("host_overhead_us", 0.0)
     row(f"with the host's overhead per call ({_ms(over)} x launches): first token",
         lambda r: _ms(r["prefill"].get("with_host_us", r["prefill"]["est_us"])))
     for i, s in enumerate(bs[names[0]]["decode"]):
         row(f"with the host's overhead per call: output token, KV {s['kv']}",
             lambda r, i=i: _ms(r["decode"][i].get("with_host_us", r["decode"][i]["est_us"])))
-    row(f"decode tokens/s (batch {report['batch']})", lambda r: f"{r['tokens_per_s']:.1f}")
+    row(f"decode tokens/s (batch {report['batch']}){tag}", lambda r: f"{r['tokens_per_s']:.1f}")
     row("kernel launches (prefill / decode step)",
         lambda r: f"{r['prefill']['launches']} / {r['decode'][0]['launches']}")
     row("host fallbacks (prefill / decode step)",
         lambda r: f"{sum(r['prefill']['fallbacks'].values())} / {sum(r['decode'][0]['fallbacks'].values())}")
+    if rt.get("moe"):
+        row("data-dependent sizes per prefill: read back (syncs) / assumed",
+            lambda r: f"{sum(r['prefill'].get('syncs', {}).values())} / "
+                      f"{sum(r['prefill'].get('assumed', {}).values())}")
     row("compile, prefill: cold / warm", lambda r: f"{r['prefill']['first_call_s']:.1f} s / {r['prefill_warm_s']:.1f} s")
     row("compile, decode (first step)", lambda r: f"{r['decode'][0]['first_call_s']:.1f} s")
     row("decode graphs / recompiles over KV lengths",

@@ -344,6 +344,48 @@ def tiny_mixtral(batch: int = 2, seq: int = 16, seed: int = 0, experts: str = "e
                      meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
 
 
+def tiny_granitemoe(batch: int = 2, seq: int = 16, seed: int = 0, experts: str = "grouped_mm") -> ModelCase:
+    """GraniteMoE (IBM's granite-3.x-aNNNm layout): a router picks 2 of 4 SwiGLU experts per token
+    (top-k, then softmax over the picked logits), Granite's scaling multipliers, grouped-query
+    attention (4 query / 2 KV heads), width 64, expert MLP 64, 2 layers; random weights.
+    ``experts`` as in :func:`tiny_mixtral` (the same transformers expert implementations)."""
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
+
+    if experts not in MOE_EXPERTS:
+        raise ValueError(f"tiny_granitemoe: experts must be one of {MOE_EXPERTS}, got {experts!r}")
+    cfg = GraniteMoeConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=1000,
+                           max_position_embeddings=128, embedding_multiplier=12.0, logits_scaling=6.0,
+                           residual_multiplier=0.22, attention_multiplier=0.015625, bos_token_id=1, eos_token_id=2,
+                           pad_token_id=0, use_cache=False, attn_implementation="sdpa",
+                           experts_implementation=experts)
+    model = _build(GraniteMoeForCausalLM, cfg, seed)
+    ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=_gen(seed))
+    return ModelCase(f"tiny-granitemoe-{experts}", model, {"input_ids": ids}, kind="llm", output_fn=logits,
+                     is_transformer=True,
+                     meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
+
+
+def tiny_qwen3_moe(batch: int = 2, seq: int = 16, seed: int = 0, experts: str = "grouped_mm") -> ModelCase:
+    """Qwen3-MoE: every layer sparse, a router picks 2 of 4 SwiGLU experts per token (softmax,
+    top-k, renormalised), q/k RMS norms, grouped-query attention (4 query / 2 KV heads, head dim
+    16), width 64, expert MLP 64, 2 layers; random weights. ``experts`` as in :func:`tiny_mixtral`."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    if experts not in MOE_EXPERTS:
+        raise ValueError(f"tiny_qwen3_moe: experts must be one of {MOE_EXPERTS}, got {experts!r}")
+    cfg = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                         num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True, vocab_size=1000,
+                         max_position_embeddings=128, bos_token_id=1, eos_token_id=2, use_cache=False,
+                         attn_implementation="sdpa", experts_implementation=experts)
+    model = _build(Qwen3MoeForCausalLM, cfg, seed)
+    ids = torch.randint(3, cfg.vocab_size, (batch, seq), generator=_gen(seed))
+    return ModelCase(f"tiny-qwen3-moe-{experts}", model, {"input_ids": ids}, kind="llm", output_fn=logits,
+                     is_transformer=True,
+                     meta={"attn": "sdpa (GQA 4q/2kv)", "moe": f"4 experts, top-2, {experts} experts"})
+
+
 # -- registry --------------------------------------------------------------------------------
 
 SUITE: dict[str, Callable[..., ModelCase]] = {

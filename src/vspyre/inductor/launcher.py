@@ -127,6 +127,7 @@ class LibraryKernel:
         self.builder = getattr(library, kind)
 
     def run(self, *tensors: torch.Tensor) -> None:
+        from ..ir import library
         from ..ir.library import spec_of
         p = self.params
         specs = [spec_of(t) for t in tensors]
@@ -135,6 +136,18 @@ class LibraryKernel:
             for prog, idx in paged_attention_launches(*specs, p["scale"], p["sliding_window"], p["max_query_len"],
                                                       source="inductor"):
                 runtime.launch(prog, *[tensors[i] for i in idx], source="inductor")
+            return
+        if self.kind == "grouped_mm":            # one matmul per non-empty group (sizes read back or assumed)
+            from ..runtime import routing
+            x, w, offs, out = tensors
+            op = p["op"]
+            library.grouped_mm_check(op, x, w, offs)
+            bounds = routing.group_bounds(offs, int(x.shape[0]), op)
+            for prog, ts in library.grouped_mm_launches(x, w, out, bounds, source="inductor"):
+                runtime.launch(prog, *ts, source="inductor")
+            end = bounds[-1][1] if bounds else 0
+            if end < out.shape[0]:
+                out[end:].zero_()
             return
         if self.kind == "attention":
             q, k = specs[0], specs[1]

@@ -525,6 +525,42 @@ def _paged_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_ma
                          list(q.get_size()), q.get_dtype(), q.get_device())
 
 
+def _grouped_mm(op: str) -> Callable:
+    """The experts' grouped matmul (``aten._grouped_mm``; transformers' ``grouped_mm_fallback``,
+    which transformers calls instead in compiled graphs of non-bf16 models) as one node that
+    launches the card's per-group matmuls (``vspyre.ir.library.grouped_mm_launches``; the group
+    sizes read back, a counted sync, or assumed by the routing policy in estimate-only mode).
+    None: not the 2-D x 3-D form with offsets on the card (upstream)."""
+    def lower(x: Any, w: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any | None:
+        if offs is None or bias is not None or not all(_on_spyre(t) for t in (x, w, offs)):
+            return None
+        if len(x.get_size()) != 2 or len(w.get_size()) != 3 or (out_dtype is not None and out_dtype != x.get_dtype()):
+            return None
+        return _library_node("grouped_mm", {"op": op}, [x, w, offs], [x.get_size()[0], w.get_size()[2]],
+                             x.get_dtype(), x.get_device())
+    return lower
+
+
+def register_custom_library_ops() -> None:
+    """Library lowerings of other libraries' custom ops (they exist once that library is imported:
+    called at registration and before each compilation for the card, idempotent)."""
+    lowerings = compat.get("inductor_lowering").lowerings
+    ns = getattr(torch.ops, "transformers", None)
+    op = getattr(getattr(ns, "grouped_mm_fallback", None), "default", None) if ns is not None else None
+    if op is None or getattr(lowerings.get(op), "_vspyre", False):
+        return
+    ours = _grouped_mm("transformers::grouped_mm_fallback")
+
+    def lowering(*args: Any, **kwargs: Any) -> Any:
+        out = ours(*args, **kwargs)
+        if out is None:
+            return compat.get("inductor_lowering").fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
+        return out
+
+    lowering._vspyre = True  # type: ignore[attr-defined]
+    lowerings[op] = lowering
+
+
 def _register_library_ops() -> None:
     """Ops Inductor leaves as fallbacks that the card has a library program for (the routing ops
     of mixture-of-experts models, the vLLM plugin's paged attention)."""
@@ -535,9 +571,10 @@ def _register_library_ops() -> None:
     paged_op = torch.ops.spyre.paged_attention.default
     for op, ours in ((torch.ops.aten.topk.default, _topk), (torch.ops.aten.histc.default, _histc),
                      (torch.ops.aten.sort.stable, _sort), (torch.ops.aten.sort.default, _sort_default),
-                     (paged_op, _paged_attention)):
+                     (paged_op, _paged_attention),
+                     (torch.ops.aten._grouped_mm.default, _grouped_mm("aten::_grouped_mm"))):
         upstream = lowerings.get(op)
-        if upstream is None and op is paged_op:      # the card's own op: elsewhere Inductor's fallback kernel
+        if upstream is None and op in (paged_op, torch.ops.aten._grouped_mm.default):   # elsewhere Inductor's fallback
             upstream = inductor_lowering.fallback_handler(op, add_to_fallback_set=False)
         if upstream is None or getattr(upstream, "_vspyre", False):
             continue
@@ -575,4 +612,5 @@ def register() -> None:
     _register_scans()
     _register_attention()
     _register_library_ops()
+    register_custom_library_ops()
     _register_host_fallbacks()

@@ -8,6 +8,10 @@ from ..compat import CustomGraphModulePass
 
 class SpyreGraphPass(CustomGraphModulePass):
     def __call__(self, gm: torch.fx.GraphModule) -> None:
+        # custom ops of libraries imported after the card registered (transformers' grouped
+        # matmul) get their library lowerings before this graph is lowered
+        from .lowering import register_custom_library_ops
+        register_custom_library_ops()
         return None
 
     def uuid(self) -> str:

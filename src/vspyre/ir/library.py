@@ -19,7 +19,11 @@ along dim 0 as a masked sum over the source rows: exact with repeated indices, n
 O(rows x sources) vector work), :func:`sort_ranks` + :func:`sort_select` (a stable sort: each
 entry's rank by a masked count, then the entry of each rank; O(n^2)), :func:`histc` (a histogram over fixed edges as one masked count per
 bin, in fp32 for every input dtype: the integer ``histc`` the CPU lacks) and :func:`scan` (``cumsum``/``cumprod`` as a masked reduction, the
-Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``).
+Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``). The experts' grouped matmul
+(:func:`grouped_mm`, launched once per non-empty group by :func:`grouped_mm_launches`, checked by
+:func:`grouped_mm_check`) and ``nonzero`` (:func:`nonzero_ranks`, then :func:`nonzero_select`)
+need sizes that are values on the card: their callers read them back (a counted sync) or, in
+estimate-only mode, take them from the routing assumption (``vspyre.runtime.routing``).
 
 Paged attention (``spyre::paged_attention``, the vLLM plugin's op; every path launches
 :func:`paged_attention_launches`): :func:`kv_write` (the step's keys and values into the paged
@@ -45,7 +49,9 @@ from .builder import ProgramBuilder
 from .indexing import FloorDiv, ModularIndexing, sym
 from .program import Program
 
-__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "histc", "index_add", "kv_write", "paged_attend",
+__all__ = ["Spec", "attention", "check", "conv", "gather_rows", "grouped_mm", "grouped_mm_check",
+           "grouped_mm_launches", "histc", "index_add", "kv_write",
+           "nonzero_ranks", "nonzero_select", "paged_attend",
            "paged_attention", "paged_attention_launches", "paged_positions", "paged_qmax", "scan", "scatter_fill",
            "sort_ranks", "sort_select", "spec_of", "topk"]
 
@@ -316,6 +322,75 @@ def topk(x: Spec, k: int, values: Spec | None, indices: Spec | None, largest: bo
     return b.build()
 
 
+GROUPED_MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def grouped_mm_check(op: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None,
+                     bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> None:
+    """The grouped matmul of mixture-of-experts layers (``torch._grouped_mm``, transformers'
+    ``grouped_mm_fallback``): ``x`` ``[S, K]`` holds the rows of every group, sorted by group;
+    ``w`` ``[G, K, N]`` one matrix per group; ``offs`` ``[G]`` (int32/int64) the cumulative row
+    counts, so group ``g`` is rows ``offs[g-1]:offs[g]`` and multiplies ``w[g]``. Raises a
+    ``RuntimeError`` naming ``op``, dtypes and shapes for anything else the card does not take
+    (the 2-D x 3-D form with offsets is the one mixture-of-experts layers use)."""
+    def sh(t: torch.Tensor) -> str:
+        return f"{tuple(t.shape)} {t.dtype}"
+
+    if offs is None or x.dim() != 2 or w.dim() != 3:
+        raise RuntimeError(f"{op}: the card's grouped matmul takes a 2-D input [S, K], 3-D weights [G, K, N] and "
+                           f"offsets [G]; got input {sh(x)}, weights {sh(w)}, offsets "
+                           f"{'None' if offs is None else sh(offs)}")
+    if offs.dim() != 1 or offs.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"{op}: offsets must be a 1-D int32/int64 tensor, got {sh(offs)}")
+    if offs.shape[0] != w.shape[0]:
+        raise RuntimeError(f"{op}: offsets has {offs.shape[0]} entries but the weights {sh(w)} have "
+                           f"{w.shape[0]} groups")
+    if x.shape[1] != w.shape[1]:
+        raise RuntimeError(f"{op}: input {sh(x)} has K={x.shape[1]}, weights {sh(w)} have K={w.shape[1]}")
+    if x.dtype != w.dtype or x.dtype not in GROUPED_MM_DTYPES:
+        raise RuntimeError(f"{op}: input and weights must share a floating dtype of "
+                           f"{[str(d) for d in GROUPED_MM_DTYPES]}; got input {sh(x)}, weights {sh(w)}")
+    if bias is not None or (out_dtype is not None and out_dtype != x.dtype):
+        raise RuntimeError(f"{op}: bias and another out_dtype are not supported on the card "
+                           f"(bias {None if bias is None else sh(bias)}, out_dtype {out_dtype}, input {sh(x)})")
+
+
+@functools.lru_cache(maxsize=1024)
+def grouped_mm(x: Spec, w: Spec, out: Spec, name: str = "grouped_mm", source: str = "library") -> Program:
+    """One group of a grouped matmul: ``out[m, n] = sum_k x[m, k] * w[k, n]`` on the systolic
+    array, the group's rows ``m`` a size symbol (``m``) bound at launch, so one program serves
+    every group and every routing. :func:`grouped_mm_launches` launches it once per non-empty
+    group: its cost is the matmul cost of each group's rows, so device time follows routing."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    wb = b.input("w", *w)
+    ob = b.output("out", *out)
+    m, n = b.dim("x0", out[1][0]), b.dim("x1", out[1][1])
+    k = b.rdim("r0", x[1][1])
+    acc = b.matmul(b.load(xb, _idx(x[2], [m, k])), b.load(wb, _idx(w[2], [k, n])), k)
+    b.store(ob, _idx(out[2], [m, n]), acc)
+    return b.build()
+
+
+def grouped_mm_launches(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bounds: list[tuple[int, int]],
+                        source: str = "library") -> list[tuple[Program, tuple[torch.Tensor, ...]]]:
+    """The launches of ``out = grouped_mm(x, w, offs)`` with group ``g`` on rows
+    ``bounds[g] = (start, end)`` (read back from the offsets, or assumed by the routing policy in
+    estimate-only mode: ``vspyre.runtime.routing``): one :func:`grouped_mm` per non-empty group on
+    row slices of ``x`` and ``out``. Rows after the last group are not computed (the caller zeroes
+    them, as transformers' fallback does)."""
+    rows = sym("m")
+    launches = []
+    for g, (start, end) in enumerate(bounds):
+        if end <= start:
+            continue
+        xs, ws, os_ = spec_of(x), spec_of(w[g]), spec_of(out)
+        prog = grouped_mm((xs[0], (rows, xs[1][1]), xs[2]), ws, (os_[0], (rows, os_[1][1]), os_[2]),
+                          source=source)
+        launches.append((prog, (x[start:end], w[g], out[start:end])))
+    return launches
+
+
 @functools.lru_cache(maxsize=1024)
 def gather_rows(x: Spec, idx: Spec | tuple, out: Spec, name: str = "gather", source: str = "library") -> Program:
     """``out[i..., c...] = x[idx0[i...], idx1[i...], ..., c...]`` (``x[idx]``, ``x[idx0, idx1]``,
@@ -506,6 +581,42 @@ def sort_select(x: Spec, ranks: Spec, values: Spec | None, indices: Spec | None,
         b.store(vb, _idx(values[2], lead + [p]), b.to(v, x[0]))
     if ib is not None:
         b.store(ib, _idx(indices[2], lead + [p]), b.reduce("sum", b.where(hit, b.index_value(i), 0), i))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def nonzero_ranks(x: Spec, ranks: Spec, name: str = "nonzero_rank", source: str = "library") -> Program:
+    """The first half of ``nonzero`` over a flat ``x`` of ``n`` entries: ``ranks[i]`` = how many
+    entries at positions ``<= i`` are nonzero (a masked count, O(n^2) work, ``n`` up to
+    ``SCAN_MAX``). ``ranks[n - 1]`` is the result's length: the host reads it back (a sync, as
+    CUDA's ``nonzero`` does) to size the result."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    rb = b.output("ranks", *ranks)
+    i, j = b.dim("x0", x[1][0]), b.rdim("r0", x[1][0])
+    hit = b.logical_and(b.ne(b.load(xb, _idx(x[2], [j])), 0), b.le(b.index_value(j), b.index_value(i)))
+    b.store(rb, _idx(ranks[2], [i]), b.reduce("sum", b.where(hit, 1, 0), j))
+    return b.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def nonzero_select(x: Spec, ranks: Spec, out: Spec, shape: tuple, name: str = "nonzero_select",
+                   source: str = "library") -> Program:
+    """The second half: ``out[p, :]`` = the coordinates in ``shape`` (row-major) of the nonzero
+    entry of rank ``p + 1`` (exactly one per ``p``: a masked sum of its flat position, then one
+    floor-division and modulo per dim). ``out``'s rows (the count read back) may be a symbol."""
+    b = ProgramBuilder(name, source=source)
+    xb = b.input("x", *x)
+    rb = b.input("ranks", *ranks)
+    ob = b.output("out", *out)
+    p, i = b.dim("x0", out[1][0]), b.rdim("r0", x[1][0])
+    hit = b.logical_and(b.ne(b.load(xb, _idx(x[2], [i])), 0),
+                        b.eq(b.load(rb, _idx(ranks[2], [i])), b.add(b.index_value(p), 1)))
+    pos = b.reduce("sum", b.where(hit, b.index_value(i), 0), i)
+    stride = 1
+    for d in reversed(range(len(shape))):
+        b.store(ob, _idx(out[2], [p]) + out[2][1] * d, b.mod(b.floordiv(pos, stride), shape[d]))
+        stride *= shape[d]
     return b.build()
 
 

@@ -256,7 +256,7 @@ def plan_buffers(graph: fx.Graph, kinds: dict) -> tuple[dict, list[int], int]:
 def _node_kind(n: fx.Node) -> str:
     if n.op != "call_function":
         return n.op
-    low = L.TABLE.get(n.target)
+    low = L.lookup(n.target)
     if low is None or (low.applies is not None and not low.applies(n)):
         return "fallback"
     return low.kind
@@ -353,7 +353,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
             op = n.target
             fn = (lambda op: (lambda ctx, *a, **kw: ctx.host_fallback(op, *a, **kw)))(op)
         else:
-            fn = L.TABLE[n.target].make(n)
+            fn = L.lookup(n.target).make(n)
         instrs.append((i, fn, ref(tuple(n.args)), ref(dict(n.kwargs)), (assign.get(n), _eager_strides(n)),
                        tuple(frees.get(i, ()))))
 

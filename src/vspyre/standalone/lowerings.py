@@ -906,6 +906,95 @@ def _scatter_value(node):
     return run
 
 
+def grouped_mm_run(ctx, op, x, w, offs, odt=None):
+    """``out[offs[g-1]:offs[g]] = x[offs[g-1]:offs[g]] @ w[g]``: the offsets read back (a counted
+    sync) or, in estimate-only mode, assumed by the routing policy (``vspyre.runtime.routing``);
+    then one systolic matmul per non-empty group (``library.grouped_mm_launches``). Rows after the
+    last group are zero, as in transformers' fallback."""
+    from ..runtime import routing
+    library.grouped_mm_check(op, x, w, offs, out_dtype=odt)
+    rows = int(x.shape[0])
+    out = ctx.alloc((rows, int(w.shape[2])), x.dtype)
+    bounds = routing.group_bounds(offs, rows, op)
+    for prog, ts in library.grouped_mm_launches(x, w, out, bounds, source=K.SOURCE):
+        ctx.launch(prog, *ts)
+    end = bounds[-1][1] if bounds else 0
+    if end < rows:
+        out[end:].zero_()
+    return out
+
+
+def nonzero_run(ctx, x):
+    """``nonzero(x)`` on the card: the ranks of the nonzero entries (``library.nonzero_ranks``,
+    over a contiguous flat copy when ``x`` is not one), their count read back (a counted sync,
+    ``vspyre.runtime.routing.read_sizes``), then their coordinates (``library.nonzero_select``).
+    Returns None (no tile form: the caller runs a host fallback) past ``SCAN_MAX`` entries or for
+    an empty ``x``."""
+    from ..ir.indexing import sym
+    from ..runtime import routing
+    n = x.numel()
+    if n == 0 or n > library.SCAN_MAX or x.dtype.is_complex:
+        return None
+    flat = x if x.is_contiguous() else ctx.pointwise("clone", tuple(x.shape), x.dtype, [x], ("in", 0))
+    flat = flat.reshape(n)
+    ranks = ctx.alloc((n,), torch.int64, fresh=True)
+    xs = spec(flat)
+    ctx.launch(library.nonzero_ranks(xs, spec(ranks), source=K.SOURCE), flat, ranks)
+    got = routing.read_sizes(ranks[n - 1:], "aten::nonzero")
+    if got is None:          # estimate-only: callers refuse a tensor without values before this
+        raise RuntimeError("aten::nonzero: the count of a tensor without values cannot be read back")
+    count = got[0]
+    out = torch.empty((count, x.dim()), dtype=torch.int64, device=ranks.device)
+    if count and x.dim():          # a 0-d x: its (count, 0) result has nothing to compute
+        os_ = (torch.int64, (sym("nz"), x.dim()), (x.dim(), 1))
+        ctx.launch(library.nonzero_select(xs, spec(ranks), os_, tuple(int(d) for d in x.shape), source=K.SOURCE),
+                   flat, ranks, out)
+    return out
+
+
+def _grouped_mm_applies(node) -> bool:
+    a = node.args
+    return len(a) >= 3 and a[2] is not None and all(
+        isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor) for v in a[:3]) and \
+        a[0].meta["val"].dim() == 2 and a[1].meta["val"].dim() == 3 and node.kwargs.get("bias") is None
+
+
+@register([aten._grouped_mm.default], "kernel", "grouped matmul (mixture of experts): one systolic matmul per "
+          "non-empty group, group sizes read back or assumed by the routing policy (library.grouped_mm)",
+          applies=_grouped_mm_applies)
+def _grouped_mm(node):
+    def run(ctx, x, w, offs=None, bias=None, out_dtype=None):
+        library.grouped_mm_check("aten::_grouped_mm", x, w, offs, bias, out_dtype)
+        return grouped_mm_run(ctx, "aten::_grouped_mm", x, w, offs, out_dtype)
+    return run
+
+
+# transformers' grouped matmul custom op (integrations/moe.py), which transformers calls instead of
+# torch._grouped_mm in compiled graphs of non-bf16 models: the same op, rows after the last group
+# zero. Looked up by name (the op exists once transformers' MoE integration is imported).
+TRANSFORMERS_GROUPED_MM = "transformers::grouped_mm_fallback"
+
+
+def _transformers_grouped_mm(node):
+    def run(ctx, x, w, offs):
+        return grouped_mm_run(ctx, TRANSFORMERS_GROUPED_MM, x, w, offs)
+    return run
+
+
+BY_NAME: dict[str, Lowering] = {
+    TRANSFORMERS_GROUPED_MM: Lowering(TRANSFORMERS_GROUPED_MM, "kernel", _transformers_grouped_mm,
+                                      "grouped matmul (transformers' MoE op): library.grouped_mm"),
+}
+
+
+def lookup(target: Any) -> Lowering | None:
+    """The lowering of an FX node's target: by op, or for custom ops of other libraries by name."""
+    low = TABLE.get(target)
+    if low is None and isinstance(target, torch._ops.OpOverload):
+        low = BY_NAME.get(target._schema.name) if target._overloadname == "default" else None
+    return low
+
+
 @register([aten.index_add.default], "kernel", "index_add along dim 0 as a masked sum over the sources (library.index_add)")
 def _index_add(node):
     odt = _meta_dtype(node)
