@@ -125,7 +125,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     opts = E.Options(name=args.name, config=args.config, batch=args.batch, prompt=args.prompt,
                      new_tokens=args.new_tokens, dtype=args.dtype,
                      backends=tuple(E.BACKENDS) if args.backend == "both" else (args.backend,),
-                     cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top)
+                     cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top,
+                     compile=args.compile)
     try:
         report = E.estimate(opts, progress=not args.no_progress)
     except E.EstimateError as e:
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--execute", action="store_true",
                    help="run the kernels functionally with random weights instead of estimate-only (small configs)")
     p.add_argument("--top", type=int, default=10, help="kernels listed per backend")
+    p.add_argument("--compile", default="regional", choices=["regional", "whole"],
+                   help="regional: the decoder layer compiled once and reused for every layer (default); "
+                        "whole: the model as one graph")
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_estimate)

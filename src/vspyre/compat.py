@@ -159,3 +159,21 @@ def __getattr__(name: str) -> Any:            # ``from vspyre.compat import SIMD
     if name in HOOKS:
         return get(name)
     raise AttributeError(f"module 'vspyre.compat' has no attribute {name!r}")
+
+
+# -- nn.Module's compiled-call slot --------------------------------------------------------------
+# ``nn.Module.compile()`` (public) stores its compiled callable in the private ``_compiled_call_impl``
+# and ``Module.__call__`` calls it instead of ``_call_impl`` (forward with hooks). Regional
+# compilation (vspyre.regional) puts its per-layer adapter there and compiles ``_call_impl`` itself,
+# as ``Module.compile`` does. Both names exist unchanged in torch 2.13-2.15.
+def module_call_impl(module: Any) -> Any:
+    """``module``'s forward with its hooks (what ``Module.compile`` compiles)."""
+    return module._call_impl
+
+
+def set_module_compiled_call(module: Any, fn: Any) -> None:
+    """Make ``module(...)`` call ``fn`` (None: back to the plain call), as ``Module.compile`` does."""
+    if not hasattr(module, "_compiled_call_impl"):
+        raise MissingHook(f"vspyre needs nn.Module._compiled_call_impl (regional compilation), which torch "
+                          f"{torch_version()} does not have")
+    module._compiled_call_impl = fn
