@@ -218,6 +218,7 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     from ..runtime import relayout
 
     from .. import regional
+    from ..standalone import cache as graph_cache
 
     dtype = DTYPES[opts.dtype]
     compiler = BACKENDS[backend]
@@ -226,6 +227,7 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     def compiled(model, **kw):
         return regional.compile_model(model, compiler, opts.compile, **kw)
     dynamo_reset()
+    graph_cache.reset_stats()
     gc.collect()               # an earlier backend's model (held in reference cycles) is freed now, not mid-run
     counters.clear()
     torch.spyre.reset_fallback_stats()
@@ -286,27 +288,33 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
         out["recompiles"] = sum(s["graphs"] for s in steps[1:])
         out["graph_breaks"] = int(sum(counters["graph_break"].values()))
         del model, prefill, decode
+    if backend == "standalone":                   # its compiled-graph cache (warm prefill: hits)
+        out["graph_cache"] = graph_cache.stats_dict()
     out["tokens_per_s"], out["generate_us"] = _throughput(steps, opts)
     return out
 
 
 @contextlib.contextmanager
 def fresh_compile_caches() -> Iterator[str]:
-    """Inductor's on-disk caches (FX graphs, AOTAutograd) in a new directory for the duration, so a
-    cold compile is cold even when an earlier run compiled the same graphs."""
+    """Inductor's on-disk caches (FX graphs, AOTAutograd) and the standalone compiler's graph cache
+    in a new directory for the duration, so a cold compile is cold even when an earlier run
+    compiled the same graphs (the kernel plan cache is kept, as before)."""
     import shutil
     import tempfile
 
-    prev = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    names = ("TORCHINDUCTOR_CACHE_DIR", "VSPYRE_GRAPH_CACHE_DIR")
+    prev = {n: os.environ.get(n) for n in names}
     d = tempfile.mkdtemp(prefix="vspyre-estimate-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
+    os.environ["VSPYRE_GRAPH_CACHE_DIR"] = os.path.join(d, "standalone")
     try:
         yield d
     finally:
-        if prev is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = prev
+        for n, v in prev.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -492,6 +500,9 @@ def markdown(report: dict[str, Any]) -> str:
         lambda r: f"{sum(r['prefill']['fallbacks'].values())} / {sum(r['decode'][0]['fallbacks'].values())}")
     row("compile, prefill: cold / warm", lambda r: f"{r['prefill']['first_call_s']:.1f} s / {r['prefill_warm_s']:.1f} s")
     row("compile, decode (first step)", lambda r: f"{r['decode'][0]['first_call_s']:.1f} s")
+    if any("graph_cache" in r for r in bs.values()):
+        row("standalone graph cache: hits / misses", lambda r: f"{r['graph_cache']['hits']} / "
+            f"{r['graph_cache']['misses']}" if "graph_cache" in r else "-")
     row("decode graphs / recompiles over KV lengths",
         lambda r: f"{r['decode_graphs']} / {r['recompiles']}")
     row("graph breaks", lambda r: str(r["graph_breaks"]))

@@ -19,8 +19,8 @@ Only inference graphs whose AOTAutograd wrapping is the identity are stored: no 
 no outputs aliasing inputs or intermediates, no effect tokens, no tensor subclasses, no
 functionalised RNG; any other graph compiles as before (counted as ``bypass`` with the reason).
 
-Entries live under ``$VSPYRE_CACHE_DIR/standalone/`` (the cache root the plan cache uses), one
-file per key; ``VSPYRE_STANDALONE_CACHE=0`` turns the cache off. A file that cannot be read or
+Entries live under ``$VSPYRE_CACHE_DIR/standalone/`` (the cache root the plan cache uses;
+``VSPYRE_GRAPH_CACHE_DIR`` overrides it), one file per key; ``VSPYRE_STANDALONE_CACHE=0`` turns the cache off. A file that cannot be read or
 written is skipped and counted (``errors``), never used half. Counters: :data:`stats`.
 """
 
@@ -52,6 +52,11 @@ def enabled() -> bool:
 
 
 def directory() -> Path:
+    """``$VSPYRE_GRAPH_CACHE_DIR`` if set (``vspyre estimate`` points it at a fresh directory for a
+    cold compile), else ``standalone/`` under the cache root of the plan cache."""
+    d = os.environ.get("VSPYRE_GRAPH_CACHE_DIR")
+    if d:
+        return Path(d)
     from ..ir import plan_cache
     return plan_cache.path().parent / "standalone"
 
