@@ -64,6 +64,9 @@ HOOKS: dict[str, Hook] = {
     "mark_dynamic": _H("torch._dynamo", "mark_dynamic", "2.13",
                        "vspyre estimate: the KV-cache length is symbolic from the first decode step; the vLLM "
                        "plugin's step sizes"),
+    "mark_static": _H("torch._dynamo", "mark_static", "2.13",
+                      "regional compilation with dynamic=True: a layer's feature dims stay static (hidden size, "
+                      "head dim), as in a whole-model graph where they come from the weights"),
     "fx_config": _H("torch.fx.experimental._config", None, "2.13",
                     "the vLLM plugin compiles its step graph without duck sizing (sizes equal at the first "
                     "trace stay independent symbols)"),

@@ -110,6 +110,7 @@ class Regional:
         self.model = model
         self.blocks = find_blocks(model)
         self.compiled_blocks = 0
+        self.dynamic = dynamic
         self._fn = torch.compile(_run_block, backend=backend, dynamic=dynamic, options=options)
         from .compat import set_module_compiled_call
         for i, b in enumerate(self.blocks):
@@ -122,6 +123,8 @@ class Regional:
                 if c is not None and _viewable(c):
                     kwargs[key] = LayerCache(c, idx)
             self.compiled_blocks += 1
+            if self.dynamic:
+                _static_features(args, kwargs)
             with _unspec_layer_idx():
                 return self._fn(block, args, kwargs)
         return call
@@ -134,6 +137,20 @@ class Regional:
         from .compat import set_module_compiled_call
         for b in self.blocks:
             set_module_compiled_call(b, None)
+
+
+def _static_features(args: tuple, kwargs: dict) -> None:
+    """With ``dynamic=True`` every size of a layer's inputs would be symbolic, also the feature
+    sizes a whole-model graph gets from the weights (the hidden size of the hidden states, the head
+    dim of the rotary tables): Dynamo then reasons about (and guards) every matmul's shapes
+    symbolically, several times slower. Their last dim is marked static; batch and sequence (and
+    the KV length, marked dynamic on the cache) stay symbolic."""
+    from .compat import mark_static
+
+    feats = [args[0] if args else kwargs.get("hidden_states"), *(kwargs.get("position_embeddings") or ())]
+    for t in feats:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            mark_static(t, t.dim() - 1)
 
 
 @contextlib.contextmanager
