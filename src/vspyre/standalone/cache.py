@@ -184,7 +184,7 @@ def _guards(shape_env: Any, since: int) -> list:
 def _reestablish(shape_env: Any, guards: list) -> bool:
     """Add the stored guards to Dynamo's shape environment; False if one does not hold here."""
     import sympy
-    known = set(getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val)
+    known = set(shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val)
     for expr in guards:
         if expr.free_symbols - known:
             return False
