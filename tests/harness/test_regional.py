@@ -43,10 +43,10 @@ def _run(model, cfg, backend: str, mode: str):
     return pre, dec, dec2, g_pre, g_dec
 
 
-@pytest.mark.parametrize("backend,name", [("inductor", "llama-3-8b"), ("standalone", "llama-3-8b"),
+@pytest.mark.parametrize("backend,name", [pytest.param("inductor", "llama-3-8b", marks=pytest.mark.slow),
                                           ("standalone", "granite-3-8b")])
 def test_regional_gives_the_output_of_whole_with_one_layer_graph(backend, name):
-    cfg = _cfg(name, layers=3)
+    cfg = _cfg(name, layers=2)
     with torch.no_grad():
         model = E._build(cfg, torch.float16, execute=True)
         torch.spyre.reset_fallback_stats()
@@ -58,7 +58,7 @@ def test_regional_gives_the_output_of_whole_with_one_layer_graph(backend, name):
     for w, r in zip(whole[:3], reg[:3]):
         assert r.abs().max() > 0
         torch.testing.assert_close(r, w, rtol=2e-2, atol=2e-2)
-    # three layers, one compiled layer graph for prefill and one for decode at both KV lengths
+    # two layers, one compiled layer graph for prefill and one for decode at both KV lengths
     assert reg[3] == 1 and reg[4] == 1
 
 
@@ -85,24 +85,19 @@ def test_a_model_without_repeated_blocks_is_refused_by_name():
         regional.compile_model(torch.nn.Linear(4, 4), "inductor", "partial")
 
 
-def test_estimate_reports_the_compile_mode_and_keeps_the_figures(tmp_path):
+def test_estimate_reports_the_compile_mode(tmp_path):
+    """The default (regional) is what tests/harness/test_estimate.py runs; whole stays measurable."""
     import json
     p = tmp_path / "tiny.json"
-    p.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 3, "max_position_embeddings": 256,
+    p.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 1, "max_position_embeddings": 256,
                              "num_key_value_heads": 2, "num_attention_heads": 4, "hidden_size": 128,
                              "intermediate_size": 256, "vocab_size": 512}))
-    r = {}
-    for mode in ("regional", "whole"):
-        r[mode] = E.estimate(E.Options(config=str(p), prompt=16, new_tokens=2, kv=(16,), compile=mode,
-                                       backends=("inductor",)), progress=False)
-        assert r[mode]["compile"] == mode and r[mode]["backends"]["inductor"]["compile"] == mode
-        assert f"compiled {mode}" in E.markdown(r[mode]) or "compiled regionally" in E.markdown(r[mode])
-    reg, whole = r["regional"]["backends"]["inductor"], r["whole"]["backends"]["inductor"]
-    for a, b in ((reg["prefill"], whole["prefill"]), (reg["decode"][0], whole["decode"][0])):
-        assert sum(a["fallbacks"].values()) == sum(b["fallbacks"].values()) == 0
-        # regional cannot fuse across layers (the residual add with the next layer's norm) and runs the
-        # embedding, rotary tables and final norm as eager kernels: never fewer kernels than whole (at this
-        # tiny size each extra kernel's fixed cost shows; at Granite-3-8B size it is 0.2% of device time)
-        assert a["launches"] >= b["launches"] and a["est_us"] >= b["est_us"]
+    assert E.Options().compile == "regional"
+    r = E.estimate(E.Options(config=str(p), prompt=8, new_tokens=1, kv=(8,), compile="whole",
+                             backends=("standalone",)), progress=False)
+    b = r["backends"]["standalone"]
+    assert r["compile"] == b["compile"] == "whole" and "compiled whole (`--compile whole`" in E.markdown(r)
+    assert b["graph_cache"]["misses"] >= 1 and "standalone graph cache: hits / misses" in E.markdown(r)
+    assert sum(b["prefill"]["fallbacks"].values()) == 0
     with pytest.raises(E.EstimateError, match="unknown compile mode 'x'"):
         E.estimate(E.Options(config=str(p), compile="x"), progress=False)
