@@ -7,9 +7,10 @@ does not grow with depth. What stands between a transformers decoder layer and t
 per-layer Python state the layer reads while it runs:
 
 * ``self_attn.layer_idx``, an int on the module, which Dynamo would bake in as a constant (one
-  graph per layer, and the recompile limit hit past 8 layers). ``allow_unspec_int_on_nn_module``
-  makes such ints graph inputs, and ``dynamic_sources`` marks them dynamic from the first call
-  (otherwise layer 0 compiles static and layer 1 once more);
+  graph per layer, and the recompile limit hit past 8 layers). ``torch.compiler.config.
+  dynamic_sources`` names it: a graph input, dynamic from the first call. (Not
+  ``allow_unspec_int_on_nn_module``: it makes every int and float attribute symbolic - head dims,
+  norm epsilons - which costs symbolic reasoning and, for the floats, a restarted trace);
 * the KV cache, indexed by that int (``cache.layers[layer_idx]``): an index into a Python list
   would specialise again. Each layer is therefore called with :class:`LayerCache`, a view of the
   cache holding only its own layer's entry; every ``layer_idx`` the layer passes to it means that
@@ -121,7 +122,9 @@ class Regional:
             for key in ("cache", "past_key_values", "past_key_value"):
                 c = kwargs.get(key)
                 if c is not None and _viewable(c):
-                    kwargs[key] = LayerCache(c, idx)
+                    kwargs[key] = view = LayerCache(c, idx)
+                    if self.dynamic:
+                        _static_heads(view._layer)
             self.compiled_blocks += 1
             if self.dynamic:
                 _static_features(args, kwargs)
@@ -153,20 +156,33 @@ def _static_features(args: tuple, kwargs: dict) -> None:
             mark_static(t, t.dim() - 1)
 
 
+def _static_heads(layer: Any) -> None:
+    """A cache entry's (batch, heads, length, head dim) tensors: heads and head dim static (the
+    weights fix them), length and batch symbolic."""
+    from .compat import mark_static
+
+    for name in ("keys", "values"):
+        t = getattr(layer, name, None)
+        if isinstance(t, torch.Tensor) and t.dim() == 4:
+            mark_static(t, 1)
+            mark_static(t, 3)
+
+
 @contextlib.contextmanager
 def _unspec_layer_idx() -> Iterator[None]:
     """The layer index is a graph input, dynamic from the first compile (see the module doc)."""
     cfg = torch.compiler.config
-    prev = (cfg.allow_unspec_int_on_nn_module, cfg.dynamic_sources)
-    cfg.allow_unspec_int_on_nn_module = True
-    srcs = [s for s in prev[1].split(",") if s]
+    prev = cfg.dynamic_sources
+    srcs = [s for s in prev.split(",") if s]
     if _IDX_SOURCE not in srcs:
         srcs.append(_IDX_SOURCE)
     cfg.dynamic_sources = ",".join(srcs)
+    from .compat import dynamo_config
     try:
-        yield
+        with dynamo_config.patch(specialize_float=True):     # norm epsilons, Granite's multipliers: constants
+            yield
     finally:
-        cfg.allow_unspec_int_on_nn_module, cfg.dynamic_sources = prev
+        cfg.dynamic_sources = prev
 
 
 def compile_model(model: torch.nn.Module, backend: Any, mode: str = "regional", dynamic: bool | None = None,
