@@ -1,91 +1,143 @@
-"""Compile time against depth at full Llama-3-8B width (the seed's second check, at real scale).
+"""Compile time against depth at full Llama-3-8B width: regional vs whole, cold vs warm.
 
-Builds Llama-3-8B with 2, 4, 8, 16 and 32 layers (estimate-only: no weights in host memory, no
-kernels executed), and times the first call of the prefill graph (prompt 128, static shapes) and
-of the decode graph (one token, KV cache 128, ``dynamic=True``) on each compiler. The first call
-is what a user waits for: Dynamo, AOTAutograd, the compiler, and planning every kernel once.
-Prints seconds per depth, seconds per layer and the ratio to the 2-layer time, side by side for
-the two compilers, and plots it (``--plot``; docs/compile-depth.png).
+Builds the model with 2, 4, 8, 16 and 32 layers (estimate-only: no weights in host memory, no
+kernels executed) and times the first call of the prefill graph (prompt 128, static shapes) and of
+the decode graph (one token, KV cache 128, ``dynamic=True``) on each compiler, compiled whole (one
+graph, ``--compile whole``) and regionally (the decoder layer compiled once and reused,
+``--compile regional``, vspyre.regional). The first call is what a user waits for: Dynamo,
+AOTAutograd, the compiler, and planning every kernel once.
 
-    python benchmarks/bench_compile_depth.py [--depths 2,4,8,16,32] [--plot docs/compile-depth.png]
+Every row runs in a new process with its own fresh cache directories (Inductor's caches, the
+kernel plan cache, the standalone graph cache): *cold*; then again in another new process with
+those caches kept: *warm* (what a second start-up of the same model costs). Before timing, each
+process compiles a small unrelated function once on each compiler (imports and one-time set-up,
+reported apart as ``setup``), so the figures are the model's own compile.
+
+Prints seconds per depth, the ratio to the smallest depth, regional/whole and warm/cold side by
+side, and plots it (``--plot``; docs/compile-depth.png).
+
+    python benchmarks/bench_compile_depth.py [--depths 2,4,8,16,32] [--modes regional,whole]
+        [--backends inductor,standalone] [--config llama-3-8b] [--plot docs/compile-depth.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
-import torch  # noqa: F401  (autoloads the card)
 
-from vspyre.compat import dynamo_reset
-from vspyre.harness import estimate as E
-
-
-def first_calls(cfg, backend: str, prompt: int, kv: int) -> tuple[float, float]:
-    """Seconds of the first prefill call and of the first decode call (fresh Dynamo state each)."""
+def child(args: argparse.Namespace) -> None:
+    """One measurement in this process: set-up, then the model's prefill and decode first calls."""
     import torch
 
-    compiler = E.BACKENDS[backend]
-    dynamo_reset()
+    from vspyre import regional
+    from vspyre.compat import dynamo_reset
+    from vspyre.harness import estimate as E
+    from vspyre.standalone import cache as graph_cache
+
+    compiler = E.BACKENDS[args.backend]
+    t0 = time.perf_counter()
+    with torch.no_grad():           # imports and one-time set-up, on a graph unlike the model's
+        x = torch.randn(8, 24, dtype=torch.float16).to("spyre")
+        w = torch.randn(24, 40, dtype=torch.float16).to("spyre")
+        for dyn in (False, True):
+            torch.compile(lambda a, b: (a @ b).relu().sum(-1), backend=compiler, dynamic=dyn)(x, w)
+            dynamo_reset()
+    setup = time.perf_counter() - t0
+    graph_cache.reset_stats()
+    cfg = E.load_config(args.config, layers=args.layers)
     with torch.spyre.estimate_only(), torch.no_grad():
         model = E._build(cfg, torch.float16, execute=False)
-        ids = E._ids(1, prompt, cfg.vocab_size, execute=False)
+        ids = E._ids(1, args.prompt, cfg.vocab_size, execute=False)
         t0 = time.perf_counter()
-        torch.compile(model, backend=compiler)(input_ids=ids, use_cache=True)
+        regional.compile_model(model, compiler, args.mode)(input_ids=ids, use_cache=True)
         prefill = time.perf_counter() - t0
         dynamo_reset()
         tok = E._ids(1, 1, cfg.vocab_size, execute=False)
-        cache = E._cache(cfg, 1, kv, torch.float16, execute=False)
+        cache = E._cache(cfg, 1, args.kv, torch.float16, execute=False)
         t0 = time.perf_counter()
-        torch.compile(model, backend=compiler, dynamic=True)(input_ids=tok, past_key_values=cache, use_cache=True)
+        regional.compile_model(model, compiler, args.mode, dynamic=True)(input_ids=tok, cache=cache, use_cache=True)
         decode = time.perf_counter() - t0
-        del model, cache
-    dynamo_reset()
-    return prefill, decode
+    print("RESULT " + json.dumps({"setup_s": setup, "prefill_s": prefill, "decode_s": decode,
+                                  "graph_cache": graph_cache.stats_dict()}), flush=True)
+
+
+def run_child(backend: str, mode: str, layers: int, args: argparse.Namespace, root: str) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+               VSPYRE_CACHE_DIR=os.path.join(root, "vspyre"))
+    env.pop("VSPYRE_GRAPH_CACHE_DIR", None)
+    cmd = [sys.executable, __file__, "--child", "--backend", backend, "--mode", mode, "--layers", str(layers),
+           "--config", args.config, "--prompt", str(args.prompt), "--kv", str(args.kv)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depths", default="2,4,8,16,32")
     ap.add_argument("--backends", default="inductor,standalone")
+    ap.add_argument("--modes", default="regional,whole")
     ap.add_argument("--config", default="llama-3-8b")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--kv", type=int, default=128)
+    ap.add_argument("--no-warm", action="store_true", help="cold runs only")
     ap.add_argument("--plot", default=None, help="write a PNG of compile time against depth")
     ap.add_argument("--json", default=None)
+    # one measurement (the parent runs each in a new process)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="inductor", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="regional", help=argparse.SUPPRESS)
+    ap.add_argument("--layers", type=int, default=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
     depths = [int(d) for d in args.depths.split(",")]
     backends = args.backends.split(",")
+    modes = args.modes.split(",")
     rows = []
-    with E.fresh_compile_caches():      # every depth compiles cold, even after earlier runs
-        first_calls(E.load_config(args.config, layers=1), backends[0], 8, 8)     # imports, one-time set-up
-        for d in depths:
-            cfg = E.load_config(args.config, layers=d)
-            for b in backends:
-                p, dec = first_calls(cfg, b, args.prompt, args.kv)
-                rows.append({"layers": d, "backend": b, "prefill_s": p, "decode_s": dec})
-                print(f"  {b:10s} {d:3d} layers: prefill {p:6.1f} s  decode {dec:6.1f} s", flush=True)
-    print(f"\ncompile time (first call) against depth, {args.config} width, prefill {args.prompt} tokens, "
-          f"decode with KV {args.kv} (dynamic=True)")
-    print(f"{'layers':>6} | " + " | ".join(f"{b + ' prefill':>18} {b + ' decode':>18}" for b in backends)
-          + " | standalone/inductor (prefill, decode)")
-    base = {(r["backend"]): r for r in rows if r["layers"] == depths[0]}
     for d in depths:
-        cells, by = [], {r["backend"]: r for r in rows if r["layers"] == d}
         for b in backends:
-            r = by[b]
-            cells.append(f"{r['prefill_s']:7.1f} s (x{r['prefill_s'] / base[b]['prefill_s']:4.1f}) "
-                         f"{r['decode_s']:7.1f} s (x{r['decode_s'] / base[b]['decode_s']:4.1f})")
-        ratio = ""
-        if {"inductor", "standalone"} <= set(by):
-            ratio = (f"{by['standalone']['prefill_s'] / by['inductor']['prefill_s']:.2f}, "
-                     f"{by['standalone']['decode_s'] / by['inductor']['decode_s']:.2f}")
-        print(f"{d:6d} | " + " | ".join(cells) + f" | {ratio}")
-    for b in backends:     # the marginal cost of a layer: linear if this stays flat
-        pts = [r for r in rows if r["backend"] == b]
-        per = [(y["prefill_s"] - x["prefill_s"]) / (y["layers"] - x["layers"]) for x, y in zip(pts, pts[1:])]
-        print(f"{b}: prefill seconds per added layer between depths: " + ", ".join(f"{p:.2f}" for p in per))
+            for m in modes:
+                with tempfile.TemporaryDirectory(prefix="vspyre-bench-depth-") as root:
+                    cold = run_child(b, m, d, args, root)
+                    warm = None if args.no_warm else run_child(b, m, d, args, root)
+                r = {"layers": d, "backend": b, "mode": m, "cold": cold, "warm": warm}
+                rows.append(r)
+                w = (f"  warm: prefill {warm['prefill_s']:6.1f} s decode {warm['decode_s']:6.1f} s "
+                     f"(graph cache {warm['graph_cache']['hits']} hits)") if warm else ""
+                print(f"  {b:10s} {m:8s} {d:3d} layers: cold prefill {cold['prefill_s']:6.1f} s decode "
+                      f"{cold['decode_s']:6.1f} s (setup {cold['setup_s']:.1f} s){w}", flush=True)
+
+    def total(r: dict, k: str = "cold") -> float:
+        return r[k]["prefill_s"] + r[k]["decode_s"]
+
+    print(f"\ncompile time (first calls, prefill + first decode step) against depth, {args.config} width, "
+          f"prompt {args.prompt}, decode with KV {args.kv} (dynamic=True); each in a new process")
+    for b in backends:
+        print(f"\n{b}:")
+        print(f"{'layers':>6} | " + " | ".join(f"{m + ' cold (x depth ' + str(depths[0]) + ')':>30}" for m in modes)
+              + (" | regional/whole cold" if {"regional", "whole"} <= set(modes) else "")
+              + ("" if args.no_warm else " | " + " | ".join(f"{m + ' warm (warm/cold)':>24}" for m in modes)))
+        by = {(r["mode"], r["layers"]): r for r in rows if r["backend"] == b}
+        for d in depths:
+            cells = [f"{total(by[m, d]):8.1f} s (x{total(by[m, d]) / total(by[m, depths[0]]):5.2f})"
+                     f"{'':>13}" for m in modes]
+            line = f"{d:6d} | " + " | ".join(f"{c:>30}" for c in cells)
+            if {"regional", "whole"} <= set(modes):
+                line += f" | {total(by['regional', d]) / total(by['whole', d]):19.3f}"
+            if not args.no_warm:
+                line += " | " + " | ".join(f"{total(by[m, d], 'warm'):8.2f} s ({total(by[m, d], 'warm') / total(by[m, d]):5.3f})"
+                                           .rjust(24) for m in modes)
+            print(line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
@@ -93,15 +145,16 @@ def main() -> None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import torch
 
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for b in backends:
-            pts = [r for r in rows if r["backend"] == b]
-            for key, style in (("prefill_s", "-o"), ("decode_s", "--s")):
-                ax.plot([r["layers"] for r in pts], [r[key] for r in pts], style,
-                        label=f"{b}, {key.removesuffix('_s')}")
-        ax.set_xlabel("layers (Llama-3-8B width)")
-        ax.set_ylabel("first call: compile + plan (s)")
+            for m in modes:
+                pts = [r for r in rows if r["backend"] == b and r["mode"] == m]
+                ax.plot([r["layers"] for r in pts], [total(r) for r in pts], "-o" if m == "regional" else "--s",
+                        label=f"{b}, {m}, cold")
+        ax.set_xlabel(f"layers ({args.config} width)")
+        ax.set_ylabel("first calls: prefill + decode (s)")
         ax.set_title("Compile time against depth (estimate-only, torch " + torch.__version__.split("+")[0] + ")")
         ax.grid(alpha=0.3)
         ax.legend()

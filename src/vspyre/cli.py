@@ -126,7 +126,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                      new_tokens=args.new_tokens, dtype=args.dtype,
                      backends=tuple(E.BACKENDS) if args.backend == "both" else (args.backend,),
                      cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top,
-                     routing=args.routing)
+                     routing=args.routing, compile=args.compile)
     try:
         report = E.estimate(opts, progress=not args.no_progress)
     except E.EstimateError as e:
@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing", default="balanced",
                    help="mixture-of-experts models in estimate-only mode (no router values): 'balanced' (routed "
                         "tokens spread evenly over the experts) or 'skewed:F' (fraction F of them to one expert)")
+    p.add_argument("--compile", default="regional", choices=["regional", "whole"],
+                   help="regional: the decoder layer compiled once and reused for every layer (default); "
+                        "whole: the model as one graph")
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_estimate)

@@ -64,6 +64,9 @@ HOOKS: dict[str, Hook] = {
     "mark_dynamic": _H("torch._dynamo", "mark_dynamic", "2.13",
                        "vspyre estimate: the KV-cache length is symbolic from the first decode step; the vLLM "
                        "plugin's step sizes"),
+    "mark_static": _H("torch._dynamo", "mark_static", "2.13",
+                      "regional compilation with dynamic=True: a layer's feature dims stay static (hidden size, "
+                      "head dim), as in a whole-model graph where they come from the weights"),
     "fx_config": _H("torch.fx.experimental._config", None, "2.13",
                     "the vLLM plugin compiles its step graph without duck sizing (sizes equal at the first "
                     "trace stay independent symbols)"),
@@ -74,6 +77,14 @@ HOOKS: dict[str, Hook] = {
                           "the standalone compiler's compiled graph as AOTAutograd's boxed callable"),
     "get_decompositions": _H("torch._decomp", "get_decompositions", "2.13",
                              "the standalone compiler's decomposition table"),
+    "GraphPickler": _H("torch.fx._graph_pickler", "GraphPickler", "2.13",
+                       "the standalone compiler's graph cache pickles the ATen graph with its fake-tensor metadata"),
+    "GraphPicklerOptions": _H("torch.fx._graph_pickler", "Options", "2.13",
+                              "its options (every op allowed: the cache keys on the compiler's source)"),
+    "detect_fake_mode": _H("torch._guards", "detect_fake_mode", "2.13",
+                           "the standalone graph cache loads a graph into Dynamo's fake mode and shape environment"),
+    "TracingContext": _H("torch._guards", "TracingContext", "2.13",
+                         "the standalone graph cache reads AOTAutograd's input/output metadata (fw_metadata)"),
     "unset_fake_temporarily": _H("torch._subclasses.fake_tensor", "unset_fake_temporarily", "2.13",
                                  "constant folding in the standalone compiler runs on real tensors"),
     # -- Inductor ---------------------------------------------------------------------------------
@@ -159,3 +170,21 @@ def __getattr__(name: str) -> Any:            # ``from vspyre.compat import SIMD
     if name in HOOKS:
         return get(name)
     raise AttributeError(f"module 'vspyre.compat' has no attribute {name!r}")
+
+
+# -- nn.Module's compiled-call slot --------------------------------------------------------------
+# ``nn.Module.compile()`` (public) stores its compiled callable in the private ``_compiled_call_impl``
+# and ``Module.__call__`` calls it instead of ``_call_impl`` (forward with hooks). Regional
+# compilation (vspyre.regional) puts its per-layer adapter there and compiles ``_call_impl`` itself,
+# as ``Module.compile`` does. Both names exist unchanged in torch 2.13-2.15.
+def module_call_impl(module: Any) -> Any:
+    """``module``'s forward with its hooks (what ``Module.compile`` compiles)."""
+    return module._call_impl
+
+
+def set_module_compiled_call(module: Any, fn: Any) -> None:
+    """Make ``module(...)`` call ``fn`` (None: back to the plain call), as ``Module.compile`` does."""
+    if not hasattr(module, "_compiled_call_impl"):
+        raise MissingHook(f"vspyre needs nn.Module._compiled_call_impl (regional compilation), which torch "
+                          f"{torch_version()} does not have")
+    module._compiled_call_impl = fn

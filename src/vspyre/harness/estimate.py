@@ -105,6 +105,7 @@ class Options:
     execute: bool = False          # functional run (small configs): same figures, real values
     top: int = 10
     routing: str = "balanced"      # estimate-only: how routed rows split over experts (vspyre.runtime.routing)
+    compile: str = "regional"      # regional: the decoder layer compiled once for all layers; whole: one graph
 
 
 @dataclass
@@ -221,10 +222,17 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     from ..compat import dynamo_reset
     from ..runtime import relayout
 
+    from .. import regional
+    from ..standalone import cache as graph_cache
+
     dtype = DTYPES[opts.dtype]
     compiler = BACKENDS[backend]
-    out: dict[str, Any] = {"backend": backend}
+    out: dict[str, Any] = {"backend": backend, "compile": opts.compile}
+
+    def compiled(model, **kw):
+        return regional.compile_model(model, compiler, opts.compile, **kw)
     dynamo_reset()
+    graph_cache.reset_stats()
     gc.collect()               # an earlier backend's model (held in reference cycles) is freed now, not mid-run
     counters.clear()
     torch.spyre.reset_fallback_stats()
@@ -237,7 +245,7 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
 
         # -- prefill: one forward over the prompt -------------------------------------------------
         ids = _ids(opts.batch, opts.prompt, cfg.vocab_size, opts.execute)
-        prefill = torch.compile(model, backend=compiler)
+        prefill = compiled(model)
         rl0 = relayout.stats()                    # first: sweeps the copies of tensors already freed
         torch.spyre.reset_peak_memory_stats()
         before = torch.spyre.memory_allocated()
@@ -258,14 +266,14 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
         out["peak_prefill_bytes"] = peak          # activations and the prompt's KV cache
         dynamo_reset()                            # warm: the same graphs again (caches on disk and in memory)
         t0 = time.perf_counter()
-        torch.compile(model, backend=compiler)(input_ids=ids, use_cache=True)
+        compiled(model)(input_ids=ids, use_cache=True)
         out["prefill_warm_s"] = time.perf_counter() - t0
         advance("prefill estimated")
 
         # -- decode: one token with the KV cache at each length, one dynamic graph ----------------
         dynamo_reset()
         counters.clear()
-        decode = torch.compile(model, backend=compiler, dynamic=True)
+        decode = compiled(model, dynamic=True)
         tok = _ids(opts.batch, 1, cfg.vocab_size, opts.execute)
         steps = []
         for length in _kv_lengths(cfg, opts):
@@ -285,27 +293,33 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
         out["recompiles"] = sum(s["graphs"] for s in steps[1:])
         out["graph_breaks"] = int(sum(counters["graph_break"].values()))
         del model, prefill, decode
+    if backend == "standalone":                   # its compiled-graph cache (warm prefill: hits)
+        out["graph_cache"] = graph_cache.stats_dict()
     out["tokens_per_s"], out["generate_us"] = _throughput(steps, opts)
     return out
 
 
 @contextlib.contextmanager
 def fresh_compile_caches() -> Iterator[str]:
-    """Inductor's on-disk caches (FX graphs, AOTAutograd) in a new directory for the duration, so a
-    cold compile is cold even when an earlier run compiled the same graphs."""
+    """Inductor's on-disk caches (FX graphs, AOTAutograd) and the standalone compiler's graph cache
+    in a new directory for the duration, so a cold compile is cold even when an earlier run
+    compiled the same graphs (the kernel plan cache is kept, as before)."""
     import shutil
     import tempfile
 
-    prev = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    names = ("TORCHINDUCTOR_CACHE_DIR", "VSPYRE_GRAPH_CACHE_DIR")
+    prev = {n: os.environ.get(n) for n in names}
     d = tempfile.mkdtemp(prefix="vspyre-estimate-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
+    os.environ["VSPYRE_GRAPH_CACHE_DIR"] = os.path.join(d, "standalone")
     try:
         yield d
     finally:
-        if prev is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = prev
+        for n, v in prev.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -340,6 +354,9 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
     for b in opts.backends:
         if b not in BACKENDS:
             raise EstimateError(f"unknown backend {b!r}; one of {', '.join(BACKENDS)} or 'both'")
+    from ..regional import MODES
+    if opts.compile not in MODES:
+        raise EstimateError(f"unknown compile mode {opts.compile!r}; one of {', '.join(MODES)}")
     if opts.batch < 1 or opts.prompt < 1 or opts.new_tokens < 0 or opts.cards < 1:
         raise EstimateError("--batch, --prompt and --cards must be >= 1, --new-tokens >= 0")
     from ..runtime import routing
@@ -357,7 +374,7 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
         report = _memory(cfg, opts, dtype, hw_cfg)
         report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
                        "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
-                       "hw": hw_cfg.name, "host_overhead_us": hw_cfg.host_overhead_us, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
+                       "hw": hw_cfg.name, "compile": opts.compile, "host_overhead_us": hw_cfg.host_overhead_us, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
                        "mode": "functional" if opts.execute else "estimate-only", "backends": {},
                        "routing": _routing_info(cfg, route, opts.execute)})
         if not report["fits"]:
@@ -452,6 +469,11 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} us"
 
 
+_COMPILE_WORDS = {"regional": "regionally (`--compile regional`: the decoder layer compiled once and reused for "
+                               "every layer; embedding, masks, final norm and LM head as eager device kernels)",
+                  "whole": "whole (`--compile whole`: the model as one graph)"}
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown (the same numbers as the JSON)."""
     mem = report["memory"]
@@ -460,7 +482,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"{report['params'] / 1e9:.2f}B parameters, {report['layers']} layers, {report['dtype']}, batch "
              f"{report['batch']}, prompt {report['prompt']}, {report['new_tokens']} new tokens; hardware preset "
              f"`{report['hw']}`; torch {report['torch']}; {report['mode']} (kernels planned and costed"
-             f"{'' if report['mode'] == 'functional' else ', not executed'}).",
+             f"{'' if report['mode'] == 'functional' else ', not executed'}); compiled "
+             f"{_COMPILE_WORDS[report.get('compile', 'whole')]}.",
              "",
              "## Device memory",
              "",
@@ -521,6 +544,9 @@ def markdown(report: dict[str, Any]) -> str:
                       f"{sum(r['prefill'].get('assumed', {}).values())}")
     row("compile, prefill: cold / warm", lambda r: f"{r['prefill']['first_call_s']:.1f} s / {r['prefill_warm_s']:.1f} s")
     row("compile, decode (first step)", lambda r: f"{r['decode'][0]['first_call_s']:.1f} s")
+    if any("graph_cache" in r for r in bs.values()):
+        row("standalone graph cache: hits / misses", lambda r: f"{r['graph_cache']['hits']} / "
+            f"{r['graph_cache']['misses']}" if "graph_cache" in r else "-")
     row("decode graphs / recompiles over KV lengths",
         lambda r: f"{r['decode_graphs']} / {r['recompiles']}")
     row("graph breaks", lambda r: str(r["graph_breaks"]))

@@ -529,7 +529,12 @@ def spyre_standalone(gm: fx.GraphModule, example_inputs: list, **kwargs: Any) ->
     """``torch.compile(model, backend="spyre_standalone")``."""
     from ..compat import aot_module_simplified
 
+    from . import cache
+
     def fw(g, ex):
         return compile_graph(g, ex)
-    return aot_module_simplified(gm, example_inputs, fw_compiler=fw, bw_compiler=_bw_eager,
-                                 decompositions=_decompositions())
+
+    def aot(g, ex, fw_compiler):
+        return aot_module_simplified(g, ex, fw_compiler=fw_compiler, bw_compiler=_bw_eager,
+                                     decompositions=_decompositions())
+    return cache.compile_cached(gm, example_inputs, fw, aot)
