@@ -130,3 +130,23 @@ def test_weights_are_counted_once_and_a_tied_embedding_twice(tmp_path):
     assert r["backends"]["inductor"]["weights_bytes"] == mem["weights_bytes"]       # the head is the table
     assert mem["total_bytes"] == (mem["weights_bytes"] + mem["relayout_bytes"] + mem["kv_cache_bytes"]
                                   + mem["peak_activations_bytes"])
+
+
+SLIDING = {"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
+           "sliding_window": 8}
+
+
+def test_a_sliding_window_model_in_estimate_only_mode_gives_the_functional_figures(tmp_path):
+    """Mistral-style sliding window, shorter than the prompt: transformers' mask set-up makes
+    constants on the card (``new_ones((), bool)``, the window as a tensor) that Inductor folds at
+    compile time by reading them (``.item()``). Compile-time constants have values in estimate-only
+    mode; the figures are a functional run's."""
+    p = tmp_path / "mistral.json"
+    p.write_text(json.dumps(SLIDING))
+    opts = dict(config=str(p), prompt=16, new_tokens=0, kv=(16,), backends=("inductor",))
+    est = E.estimate(E.Options(**opts), progress=False)
+    run = E.estimate(E.Options(**opts, execute=True), progress=False)
+    assert _figures(est) == _figures(run)
+    assert est["backends"]["inductor"]["prefill"]["est_us"] > 0
+    assert not torch.spyre.is_estimate_only()
