@@ -70,6 +70,13 @@ NON_TEXT_PARTS = ("vision", "audio", "speech", "image", "video", "vq")
 MAX_PARAMS = 20_000_000          # a "tiny" model past this kept a size field SHRINK does not know
 
 
+# Run first (the goal of issue 22: every Llama-like family, dense and MoE, sliding window, fused QKV,
+# biases, parallel attention); the other types follow in transformers' order.
+FIRST = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "granite", "granitemoe",
+         "phi", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "stablelm", "gpt_neox", "gptj",
+         "falcon", "starcoder2", "cohere", "gpt2", "gpt_bigcode", "opt", "bloom")
+
+
 class TinyConfigError(Exception):
     """The type's config class could not be shrunk into a buildable tiny model."""
 
@@ -454,7 +461,9 @@ def sweep(opts: Options, progress: bool = True, on_row: Callable[[dict], None] |
         os.remove(opts.out)
     done = {(r["model_type"], r["mode"]): r for r in rows(opts.out)}
     todo: list[tuple[str, str]] = []
+    retry: list[tuple[str, str]] = []
     new_rows: list[dict] = []
+    types = [t for t in FIRST if t in types] + [t for t in types if t not in FIRST]
     for t in types:
         why = scope(t)
         if why is not None:
@@ -464,8 +473,11 @@ def sweep(opts: Options, progress: bool = True, on_row: Callable[[dict], None] |
             continue
         for m in opts.modes:
             r = done.get((t, m))
-            if r is None or (opts.retry_failed and r.get("status") != "ok"):
+            if r is None:
                 todo.append((t, m))
+            elif opts.retry_failed and r.get("status") != "ok":
+                retry.append((t, m))            # after the rows never run
+    todo += retry
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
 
     def append(r: dict) -> None:
