@@ -515,6 +515,7 @@ def _decompositions() -> dict:
         aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.addcmul, aten.addcdiv,
         aten.native_dropout, aten.dropout, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.mish,
         aten.glu, aten.elu, aten.linspace, aten.logsumexp, aten.native_group_norm,
+        aten.stack,       # unsqueeze + cat (interleaved RoPE: Cohere, ERNIE 4.5 stack the rotated halves)
     ])
 
 
