@@ -104,6 +104,7 @@ class Options:
     layers: int | None = None
     execute: bool = False          # functional run (small configs): same figures, real values
     top: int = 10
+    warm: bool = True              # also time a warm prefill compile (the family sweep skips it)
 
 
 @dataclass
@@ -251,10 +252,12 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
         ph.graphs = _graphs()
         out["prefill"] = asdict(ph)
         out["peak_prefill_bytes"] = peak          # activations and the prompt's KV cache
-        dynamo_reset()                            # warm: the same graphs again (caches on disk and in memory)
-        t0 = time.perf_counter()
-        torch.compile(model, backend=compiler)(input_ids=ids, use_cache=True)
-        out["prefill_warm_s"] = time.perf_counter() - t0
+        out["prefill_warm_s"] = None
+        if opts.warm:
+            dynamo_reset()                        # warm: the same graphs again (caches on disk and in memory)
+            t0 = time.perf_counter()
+            torch.compile(model, backend=compiler)(input_ids=ids, use_cache=True)
+            out["prefill_warm_s"] = time.perf_counter() - t0
         advance("prefill estimated")
 
         # -- decode: one token with the KV cache at each length, one dynamic graph ----------------

@@ -261,7 +261,7 @@ def _counters() -> tuple[int, int, list[str]]:
 def _estimate(cfg: Any, compiler: str) -> dict[str, Any]:
     from . import estimate as E
 
-    opts = E.Options(prompt=PROMPT, new_tokens=0, kv=(), dtype="float16", top=3)
+    opts = E.Options(prompt=PROMPT, new_tokens=0, kv=(), dtype="float16", top=3, warm=False)
     r = E.run_backend(cfg, opts, compiler)
     fb: dict[str, int] = {}
     for ph in (r["prefill"], r["decode"][0]):
