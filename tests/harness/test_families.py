@@ -57,3 +57,10 @@ def test_a_hung_worker_is_a_timeout_row(tmp_path):
     row = F._spawn("llama", "estimate", opts, str(tmp_path))
     assert row["status"] == "timeout" and "timeout" in row["reason"]
     json.dumps(row)
+
+
+def test_no_weight_matrix_is_left_all_zero():
+    """AFMoE's router is zero-initialised: every expert score ties and top-k's choice among ties is
+    implementation-defined, so the card and the CPU would pick different experts."""
+    model = F.build_cpu(F.tiny_config("afmoe"))
+    assert all(p.any() for p in model.parameters() if p.dim() >= 2)

@@ -183,7 +183,16 @@ def build_cpu(cfg: Any, dtype: Any = None, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32).eval()
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32).eval()
+    # A weight matrix transformers initialises to zeros (some MoE routers: AFMoE) makes every
+    # expert score tie, and which of equal scores top-k picks is implementation-defined (the card:
+    # the lower index; the CPU: its partial sort's order): random values, as a trained router has.
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(0.02).to(p.dtype))
+    return model
 
 
 # -- one-line reasons ------------------------------------------------------------------------
