@@ -559,9 +559,39 @@ def _reason_key(text: str) -> str:
     """The reason without its location and numbers: failures grouped by cause."""
     import re
 
-    base = text.split(" [", 1)[0]
-    base = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", base)
-    return base[:110]
+    base, _, where = text.partition(" [")
+    base = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", base)[:110]
+    fn = where.rstrip("]").rsplit(" ", 1)[-1] if where else ""
+    return f"{base} (in `{fn}`)" if fn and fn not in ("wrapper", "wrapped_func", "forward") else base
+
+
+# What the recurring reasons mean (matched on the reason's text); each was traced by hand.
+EXPLAIN: tuple[tuple[str, str], ...] = (
+    ("_grouped_mm_fallback", "Mixture of experts, estimate-only: transformers' default expert path "
+     "(`grouped_mm`, which on this device falls back to `_grouped_mm_fallback`) reads the expert offsets "
+     "with `offs.tolist()`, values estimate-only mode never computes. Functionally the same path runs one "
+     "host `mm.out` per expert hit per layer (the `mm.out` fallbacks). Issue 22 item 1 (branch i22-moe: "
+     "`torch._grouped_mm` on the card, routing resolved by a stated assumption) removes both; re-run this "
+     "sweep after it merges."),
+    ("float64", "The model computes in float64 (CTRL's sinusoidal positions, Ergo), which the card does not "
+     "hold: refused by name, as every float64 tensor on the card is."),
+    ("get_mask_sizes", "Hybrid state-space model whose first two layers are both linear-attention (Mamba) layers "
+     "at this depth: transformers cannot build the attention mask without an attention layer."),
+    ("num_attention_heads", "State-space model (no attention heads): `vspyre estimate`'s decode step builds "
+     "a KV cache from the config's heads, which such a model does not have."),
+    ("per-layer attribute", "Per-layer head dims (Gemma 4): `vspyre estimate` sizes the KV cache from one "
+     "`head_dim`, which this config does not have."),
+    ("tiny config", "The sweep could not shrink this type's config into a model that builds and runs on the "
+     "CPU (a validator or a size relation SHRINK does not know): a limit of the sweep, not of the card."),
+    ("timeout", "Past the per-(type, mode) timeout: hybrid models whose scan loops unroll into many "
+     "kernels compile slowly at this size."),
+    ("making fake tensor call", "Dynamo could not trace the model's own cache update (its fake-tensor "
+     "shapes disagree): a transformers/Dynamo limit, the same on both compilers."),
+)
+
+
+def _explain(reason_text: str) -> str:
+    return next((e for k, e in EXPLAIN if k in reason_text), "")
 
 
 def markdown(all_rows: list[dict], versions: dict[str, str] | None = None, wall_s: float | None = None) -> str:
@@ -577,14 +607,18 @@ def markdown(all_rows: list[dict], versions: dict[str, str] | None = None, wall_
     ran = [t for t in order if t not in scoped]
     runs = [t for t in ran if _family_status(by_type[t]) == "runs"]
     reasons: dict[str, list[str]] = {}
+    full: dict[str, str] = {}                  # a grouped reason -> one full text (for EXPLAIN)
     for t in ran:
         for r in by_type[t]:
             if r.get("status") == "config" or (r.get("reason") and not r.get("backends")):
-                reasons.setdefault(_reason_key(r.get("reason", "?")), []).append(t)
+                text = r.get("reason", "?")
+                reasons.setdefault(_reason_key(text), []).append(f"{t} ({r['mode']})")
+                full.setdefault(_reason_key(text), text)
             for c, b in r.get("backends", {}).items():
                 if b.get("status") != "ok":
-                    reasons.setdefault(_reason_key(b.get("reason", b.get("status", "?"))), []).append(
-                        f"{t} ({r['mode']}, {c})")
+                    text = b.get("reason", b.get("status", "?"))
+                    reasons.setdefault(_reason_key(text), []).append(f"{t} ({r['mode']}, {c})")
+                    full.setdefault(_reason_key(text), text)
     lines = [
         "# Decoder families on the card",
         "",
@@ -637,10 +671,10 @@ def markdown(all_rows: list[dict], versions: dict[str, str] | None = None, wall_
     lines += ["", "## Failures by reason", "",
               "Grouped by cause (numbers in the message replaced by N); the first location the model's code asked "
               "for it is in the per-type list below.", "",
-              "| reason | count | where |", "|---|---|---|"]
+              "| reason | count | where | what it means |", "|---|---|---|---|"]
     for k, ws in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
         shown = ", ".join(ws[:8]) + (f", ... ({len(ws) - 8} more)" if len(ws) > 8 else "")
-        lines.append(f"| {k.replace('|', '/')} | {len(ws)} | {shown} |")
+        lines.append(f"| {k.replace('|', '/')} | {len(ws)} | {shown} | {_explain(full[k])} |")
     lines += ["", "## Each failure", "", "| type | mode | compiler | reason |", "|---|---|---|---|"]
     for t in ran:
         for r in sorted(by_type[t], key=lambda r: r["mode"]):
