@@ -18,3 +18,20 @@ def test_a_masked_load_at_one_address_is_planned_and_computed():
         y = torch.compile(_scalar_into_cat, dynamic=True)(torch.empty(4, 7, device="spyre"),
                                                           torch.empty(1, device="spyre"))
     assert y.shape == (4, 8) and not torch.spyre.has_values(y)
+
+
+def _bmm_expanded(a, b):
+    return torch.bmm(a, b.expand(-1, 8, -1))
+
+
+def test_a_matmul_with_an_operand_broadcast_along_the_contraction():
+    """A bmm whose second operand is expanded along the contraction (the linear attention of
+    BailingHybrid): the fused kernel failed to build ("both operands must vary along the
+    contraction dim"); it is the sum of products on the vector unit."""
+    from vspyre.runtime import profiler
+
+    a, b = torch.randn(2, 4, 8), torch.randn(2, 1, 5)
+    with profiler.profile() as p:
+        got = torch.compile(_bmm_expanded)(a.to("spyre"), b.to("spyre")).cpu()
+    assert torch.allclose(got, _bmm_expanded(a, b), atol=1e-5)
+    assert p.kernels and not p.fallbacks
