@@ -60,6 +60,9 @@ HOOKS: dict[str, Hook] = {
     "dynamo_same": _H("torch._dynamo.utils", "same", "2.13",
                       "the harness's accuracy check, the dynamo benchmark runner's rule"),
     "dynamo_config": _H("torch._dynamo.config", None, "2.13", "recompile limits in the harness and tools"),
+    "dynamo_callback_handler": _H("torch._dynamo.callback", "callback_handler", "2.13",
+                                  "estimate-only mode is suspended while Dynamo compiles: compile-time "
+                                  "evaluation of graph constants (Inductor's constant folding) has values"),
     "dynamo_reset": _H("torch._dynamo", "reset", "2.13", "a fresh compile between harness rows and sweeps"),
     "mark_dynamic": _H("torch._dynamo", "mark_dynamic", "2.13",
                        "vspyre estimate: the KV-cache length is symbolic from the first decode step; the vLLM "

@@ -134,3 +134,25 @@ def test_a_meta_built_8b_model_moves_to_the_card_without_host_memory():
     assert _rss_bytes() - rss < 256 << 20
     del model
     assert torch.spyre.memory_allocated() <= before + (1 << 20)
+
+
+def test_the_mode_is_off_while_dynamo_compiles_and_back_when_the_graph_runs():
+    """Compile-time evaluation of graph constants (Inductor's constant folding) has values; the
+    compiled graph runs in the mode; torch._dynamo.reset() keeps the device's compile callbacks."""
+    from vspyre.compat import dynamo_callback_handler as handler
+    from vspyre.device import module
+
+    seen = []
+
+    def backend(gm, example_inputs):                      # runs while Dynamo compiles
+        seen.append(torch.spyre.is_estimate_only())
+        return gm.forward
+
+    torch._dynamo.reset()
+    assert module._compile_started in handler.start_callbacks and module._compile_ended in handler.end_callbacks
+    with torch.spyre.estimate_only():
+        x = torch.empty(8, device="spyre")
+        y = torch.compile(lambda t: t * 2, backend=backend)(x)
+        assert torch.spyre.is_estimate_only() and not torch.spyre.has_values(y)
+    assert seen == [False]
+    assert not torch.spyre.is_estimate_only()

@@ -133,3 +133,38 @@ def test_weights_are_counted_once_and_a_tied_embedding_twice(tmp_path):
     assert r["backends"]["inductor"]["weights_bytes"] == mem["weights_bytes"]       # the head is the table
     assert mem["total_bytes"] == (mem["weights_bytes"] + mem["relayout_bytes"] + mem["kv_cache_bytes"]
                                   + mem["peak_activations_bytes"])
+
+
+SLIDING = {"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
+           "sliding_window": 8}
+
+
+def test_a_sliding_window_model_runs_in_estimate_only_mode_on_inductor(tmp_path):
+    """Mistral-style sliding window, shorter than the prompt: transformers' mask set-up makes
+    constants on the card (``new_ones((), bool)``, the window as a tensor) that Inductor folds at
+    compile time by reading them (``.item()``). Compile-time constants have values in estimate-only
+    mode (that the figures equal a functional run's is checked for Llama above)."""
+    p = tmp_path / "mistral.json"
+    p.write_text(json.dumps(SLIDING))
+    est = E.estimate(E.Options(config=str(p), prompt=16, new_tokens=0, kv=(16,), backends=("inductor",)),
+                     progress=False)
+    b = est["backends"]["inductor"]
+    assert b["prefill"]["est_us"] > 0 and b["decode"][0]["est_us"] > 0 and b["prefill"]["fallbacks"] == {}
+    assert not torch.spyre.is_estimate_only()
+
+
+PHI = {"model_type": "phi", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 256}
+
+
+def test_a_host_scalar_constant_stays_on_the_host_in_the_standalone_decode_graph(tmp_path):
+    """Phi's dynamic decode graph holds a float64 scalar the standalone compiler folded on the host
+    (Dynamo's float arithmetic, a CPU value in the graph): moving it to the card raised (the card
+    holds no float64); it stays a host value, as the graph says."""
+    p = tmp_path / "phi.json"
+    p.write_text(json.dumps(PHI))
+    est = E.estimate(E.Options(config=str(p), prompt=16, new_tokens=0, kv=(16,), backends=("standalone",)),
+                     progress=False)
+    b = est["backends"]["standalone"]
+    assert b["decode"][0]["est_us"] > 0 and b["decode"][0]["fallbacks"] == {}

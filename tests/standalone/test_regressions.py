@@ -271,3 +271,16 @@ def test_registry_vector_ops_lower_on_the_standalone_compiler(op):
     assert torch.spyre.fallback_stats() == {}
     rep = S.compiler.report()               # (AOTAutograd may normalise the overload: where.Scalar)
     assert rep["fallback_ops"] == 0 and sum(rep["native"].values()) >= 1
+
+
+def test_stack_is_a_cat_on_the_card_not_a_host_fallback():
+    """Interleaved RoPE (Cohere, ERNIE 4.5: ``stack([-x2, x1], -1).flatten(-2)``) ran ``stack`` as
+    a host fallback on every attention layer (the family sweep, docs/model-families.md)."""
+    def rotate(x):
+        return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2) * 2
+
+    x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    torch.spyre.reset_fallback_stats()
+    got = _compile(rotate)(*_dev(x)).cpu()
+    assert torch.equal(got, rotate(x))
+    assert torch.spyre.fallback_stats() == {} and S.report()["fallback"] == {}

@@ -404,6 +404,49 @@ def is_estimate_only() -> bool:
     return bool(_C._estimate_only())
 
 
+# Compile time has values. A compiler evaluates a graph's constants while it compiles: Inductor's
+# constant folding runs the constant subgraphs (a mask's ``full([], True)``, a host constant moved
+# to the card) as real ops on the graph's device and reads the result (``.item()``) to decide what
+# to fold. Those values come from the program text, not from run-time data, so the mode does not
+# apply to them: while Dynamo compiles, allocations are ordinary (with values), and the mode is back
+# when the compiled graph runs. (The standalone compiler folds the same constants on the host.)
+# A tensor made at compile time is a constant of the graph: a kernel writing into it later still
+# raises, as for any tensor with values inside the mode.
+_compile_saved: list[bool] = []
+
+
+def _compile_started(_args: object) -> None:
+    _compile_saved.append(bool(_C._set_estimate_only(False)))
+
+
+def _compile_ended(_args: object) -> None:
+    if _compile_saved:
+        _C._set_estimate_only(_compile_saved.pop())
+
+
+class _KeptOnReset(list):
+    """Dynamo's compile callbacks, except that ``torch._dynamo.reset()`` (which clears them) keeps
+    the device's: they belong to the card, not to one compile."""
+
+    def clear(self) -> None:
+        keep = [c for c in self if c in (_compile_started, _compile_ended)]
+        super().clear()
+        self.extend(keep)
+
+
+def install_compile_callbacks() -> None:
+    """Suspend estimate-only mode while Dynamo compiles (called once Dynamo is imported)."""
+    from ..compat import dynamo_callback_handler as handler
+
+    for name, fn in (("start_callbacks", _compile_started), ("end_callbacks", _compile_ended)):
+        cbs = getattr(handler, name)
+        if not isinstance(cbs, _KeptOnReset):
+            cbs = _KeptOnReset(cbs)
+            setattr(handler, name, cbs)
+        if fn not in cbs:
+            cbs.append(fn)
+
+
 def has_values(t: torch.Tensor) -> bool:
     """False for a spyre tensor allocated in estimate-only mode (it has no defined values)."""
     return bool(_C._has_values(t))

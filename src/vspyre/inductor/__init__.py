@@ -56,6 +56,9 @@ def skip_device_code() -> None:
         from ..compat import trace_rules
 
         trace_rules.add("vspyre.device")
+        from ..device.module import install_compile_callbacks
+
+        install_compile_callbacks()
 
 
 def backend_version() -> str:

@@ -76,7 +76,32 @@ class _MatmulHelper:
     def matmul(self, operands: _DotOperands, dim: str) -> str:
         if not isinstance(operands, _DotOperands):
             raise TypeError(f"reduction('dot') of {operands!r}: expected ops.dot operands")
-        return self.b.matmul(operands.a, operands.b, dim)
+        a, b_, d = operands.a, operands.b, str(dim)
+        if not (_moves_with(self.b, a, d) and _moves_with(self.b, b_, d)):
+            # an operand broadcast along the contraction (a bmm with an expanded operand, as the
+            # linear attention of hybrid models computes): not a systolic matmul, but the same sum
+            # of products on the vector unit, accumulated in fp32 like the array's accumulator
+            f32 = torch.float32
+            return self.b.reduce("sum", self.b.compute("mul", self.b.to(a, f32), self.b.to(b_, f32)), (d,))
+        return self.b.matmul(a, b_, d)
+
+
+def _moves_with(b: ProgramBuilder, value: str, dim: str) -> bool:
+    """Whether ``value`` (built so far in ``b``) depends on the iteration dim ``dim``."""
+    made = {out: op for op in b.body for out in getattr(op, "outputs", ())}
+    seen: set[str] = set()
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if v in seen or v not in made:
+            continue
+        seen.add(v)
+        op = made[v]
+        expr = getattr(op, "index", None) if hasattr(op, "buffer") else getattr(op, "expr", None)
+        if expr is not None and dim in {str(x) for x in getattr(expr, "free_symbols", ())}:
+            return True
+        todo += [x for x in getattr(op, "inputs", ()) if isinstance(x, str)]
+    return False
 
 
 class TileKernel:

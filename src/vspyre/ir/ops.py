@@ -755,6 +755,8 @@ def access_layout(p: Program, sizes: Mapping[str, int], relayout: frozenset[int]
         if u is None:
             if not adims:
                 res[i] = Access(adims, b.itemsize, None, True, "scalar: one stick")
+            elif not coefs:                  # masked load of one element: the mask has dims, the address none
+                res[i] = Access(frozenset(), b.itemsize, None, True, "scalar under a mask: one stick")
             else:
                 v = min(coefs, key=lambda d: abs(coefs[d]))
                 st = abs(coefs[v])

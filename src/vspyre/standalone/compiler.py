@@ -337,6 +337,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
     instrs = []
     placeholders = []
     consts = {}
+    host_consts: set[int] = set()
     for n in nodes:
         i = idx[n]
         if n.op == "placeholder":
@@ -344,6 +345,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
             continue
         if n.op == "get_attr":
             consts[i] = _fetch_attr(gm, n.target)
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                host_consts.add(i)     # a host scalar in the graph (Dynamo's float arithmetic, float64): stays there
             continue
         if n.op == "output":
             out_spec = ref(n.args[0])
@@ -369,7 +373,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
         args.clear()
         if not dev_consts and consts:
             for i, c in consts.items():
-                dev_consts[i] = c.to(device) if isinstance(c, torch.Tensor) and c.device != device else c
+                dev_consts[i] = c.to(device) if isinstance(c, torch.Tensor) and c.device != device and \
+                    i not in host_consts else c
         for i, c in dev_consts.items():
             env[i] = c
 
@@ -515,6 +520,7 @@ def _decompositions() -> dict:
         aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.addcmul, aten.addcdiv,
         aten.native_dropout, aten.dropout, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.mish,
         aten.glu, aten.elu, aten.linspace, aten.logsumexp, aten.native_group_norm,
+        aten.stack,       # unsqueeze + cat (interleaved RoPE: Cohere, ERNIE 4.5 stack the rotated halves)
     ])
 
 
