@@ -40,10 +40,9 @@ OP = {"eager": "aten::_grouped_mm", "inductor": "transformers::grouped_mm_fallba
       "spyre_standalone": "transformers::grouped_mm_fallback"}
 
 
-@pytest.mark.parametrize("path", ["eager", "inductor", "spyre_standalone"])
-@pytest.mark.parametrize("experts", MOE_EXPERTS)
-def test_mixtral_on_the_card(experts, path):
-    case = tiny_mixtral(experts=experts)
+def _run_against_the_cpu(case, path):
+    """One forward of ``case`` on ``path`` (eager or a compiler) with fresh counters, checked
+    against the CPU's output."""
     ref = case.output()
     dev = case.clone().to("spyre")
     model = dev.model if path == "eager" else torch.compile(dev.model, backend=path)
@@ -55,6 +54,12 @@ def test_mixtral_on_the_card(experts, path):
     with torch.no_grad():
         out = dev.output_fn(model(**dev.inputs))
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["eager", "inductor", "spyre_standalone"])
+@pytest.mark.parametrize("experts", MOE_EXPERTS)
+def test_mixtral_on_the_card(experts, path):
+    _run_against_the_cpu(tiny_mixtral(experts=experts), path)
     assert torch.spyre.fallback_stats() == EXPECTED[(experts, path)]
     # compiled, only the "eager" experts' loop breaks the graph (at nonzero's data-dependent size)
     breaks = sum(dynamo_counters["graph_break"].values())
@@ -80,17 +85,7 @@ _SLOW = pytest.mark.slow     # the same expert path as GraniteMoE's: compiled ru
 def test_other_moe_families_take_the_same_grouped_path(family, path):
     """GraniteMoE (its own router: top-k, then softmax) and Qwen3-MoE use transformers' shared
     expert implementations; their default grouped path runs on the card like Mixtral's."""
-    case = family(experts="grouped_mm")
-    ref = case.output()
-    dev = case.clone().to("spyre")
-    model = dev.model if path == "eager" else torch.compile(dev.model, backend=path)
-    torch._dynamo.reset()
-    reset_compiled_fallbacks()
-    torch.spyre.reset_fallback_stats()
-    routing.reset_sync_stats()
-    with torch.no_grad():
-        out = dev.output_fn(model(**dev.inputs))
-    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    _run_against_the_cpu(family(experts="grouped_mm"), path)
     assert torch.spyre.fallback_stats() == {} and compiled_fallbacks() == {}
     assert sum(routing.sync_stats().values()) == 2 * 2
 
