@@ -149,3 +149,16 @@ def test_the_device_layer_does_not_import_the_compilers():
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.split(".")[0] in ("eager", "standalone", "inductor", "harness"), (f, node.module)
+
+
+def test_a_factory_kernel_is_keyed_on_its_dtype_and_its_scalars_types():
+    """arange(12) into float32, then into int64 (transformers' position ids after a float arange of the
+    same length): the second must not reuse the first's float32 result type; nor 0.0 stand for 0."""
+    for first, second in (({"dtype": torch.float32}, {}), ({}, {"dtype": torch.float32})):
+        a = torch.arange(12, device="spyre", **first)
+        b = torch.arange(12, device="spyre", **second)
+        assert (a.dtype, b.dtype) == (torch.arange(12, **first).dtype, torch.arange(12, **second).dtype)
+        assert torch.equal(b.cpu(), torch.arange(12, **second))
+    c, d = torch.arange(0.0, 5.0, device="spyre"), torch.arange(0, 5, device="spyre")
+    assert (c.dtype, d.dtype) == (torch.float32, torch.int64)
+    assert torch.equal(d.cpu(), torch.arange(0, 5))

@@ -291,7 +291,9 @@ def _sig(x: Any, full: bool) -> Any:
         return tuple(_sig(v, full) for v in x)
     if isinstance(x, float) and not full:
         return float
-    return x if x is None or isinstance(x, (bool, int, float, str, torch.dtype)) else type(x)
+    if isinstance(x, (bool, int, float)):      # 0, 0.0 and False are equal keys: keep their types apart
+        return (type(x), x)
+    return x if x is None or isinstance(x, (str, torch.dtype)) else type(x)
 
 
 def _meta(t: Any) -> Any:
@@ -333,13 +335,16 @@ def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | Non
     dev = _eligible(args, kwargs, target)
     if dev is None:
         raise NoTileForm("operands not all on one card, or empty")
-    mkey = (fop, _sig(args, True), _sig(tuple(sorted(kwargs.items())), True) if kwargs else ())
+    # a factory's out= variant (arange(..., out=t)) takes its dtype from the target, so the target's
+    # dtype is part of both keys: arange(0, 12) into int64 and into float32 are different kernels
+    factory = target.dtype if target is not None and not any(True for _ in _tensors(args)) else None
+    mkey = (fop, factory, _sig(args, True), _sig(tuple(sorted(kwargs.items())), True) if kwargs else ())
     hit = _metas.get(mkey)
     val, run = hit if hit is not None else (None, None)
     if val is None:
         mkw = {k: _meta(v) for k, v in kwargs.items()}
-        if target is not None and not any(True for _ in _tensors(args)):      # a factory's out= variant
-            mkw.update(device="meta", dtype=target.dtype)
+        if factory is not None:
+            mkw.update(device="meta", dtype=factory)
         val = fop(*_meta(args), **mkw)
     res_val = val[0] if isinstance(val, (tuple, list)) else val
     if target is not None:
@@ -352,7 +357,7 @@ def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | Non
         if form == "out" and tuple(target.shape) != tuple(res_val.shape):
             target.resize_(res_val.shape)
     if run is None:
-        rkey = (fop, _sig(args, per_shape), _sig(tuple(sorted(kwargs.items())), per_shape))
+        rkey = (fop, factory, _sig(args, per_shape), _sig(tuple(sorted(kwargs.items())), per_shape))
         run = _runs.get(rkey)
     if run is None:
         used = (0, 1, 2) if fop is aten.native_layer_norm.default else (
