@@ -10,6 +10,7 @@ Layers (imports go one way, downwards in this list):
 * ``vspyre.runtime`` - executes tile programs; latency model; profiler;
 * ``vspyre.inductor``, ``vspyre.standalone`` - the two compilers;
 * ``vspyre.eager`` - eager ATen ops as device kernels (built through the standalone op table);
+* ``vspyre.distributed`` - several cards: the ``spyre`` c10d backend, its link model, tensor parallel;
 * ``vspyre.harness`` - the parity harness and CLI.
 """
 
@@ -35,6 +36,10 @@ def _autoload() -> None:
     torch.spyre.eager_kernel_stats = eager.stats
     torch.spyre.reset_eager_kernel_stats = eager.reset_stats
     torch.spyre.eager_kernels = eager.enabled
+
+    from .distributed import register as register_distributed
+
+    register_distributed()                 # torch.distributed.init_process_group("spyre")
 
     from .runtime import routing
 

@@ -73,6 +73,13 @@ HOOKS: dict[str, Hook] = {
     "fx_config": _H("torch.fx.experimental._config", None, "2.13",
                     "the vLLM plugin compiles its step graph without duck sizing (sizes equal at the first "
                     "trace stay independent symbols)"),
+    # -- torch.distributed ------------------------------------------------------------------------
+    "resolve_process_group": _H("torch._C._distributed_c10d", "_resolve_process_group", "2.13",
+                                "the spyre backend's kernels for functional collectives find their group by name"),
+    "AllgatherOptions": _H("torch._C._distributed_c10d", "AllgatherOptions", "2.13",
+                           "all_gather's options (torch.distributed exports the others' but not this one)"),
+    "FakeProcessGroup": _H("torch._C._distributed_c10d", "FakeProcessGroup", "2.13",
+                           "a simulated spyre group (one process for all ranks) names itself through it"),
     # -- AOTAutograd, decompositions (the standalone compiler) --------------------------------------
     "aot_module_simplified": _H("torch._functorch.aot_autograd", "aot_module_simplified", "2.13",
                                 "the standalone compiler takes the ATen graph from AOTAutograd"),

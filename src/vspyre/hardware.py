@@ -37,6 +37,7 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 NUMERICS = ("dl16", "ieee")
+COLLECTIVE_ALGORITHMS = ("ring", "host")
 
 
 # The dtypes the card holds: the one list. The C++ allocator gets it from here at start-up; the
@@ -131,6 +132,21 @@ class HardwareConfig:
         "source": "est.: the device-memory bandwidth; torch-spyre's cost model measures ~116 GB/s"})
     host_link_bandwidth: float = field(default=64e9, metadata={
         "doc": "host <-> card link per direction (bytes/s)", "source": "IBM: PCIe Gen5 x16, theoretical"})
+    # -- card to card (several cards, torch.distributed; docs/multi-card.md) --------------------
+    card_link_bandwidth: float = field(default=48e9, metadata={
+        "doc": "effective card -> card bandwidth per direction of one card's link (bytes/s), peer to peer "
+               "through the drawer's PCIe switch",
+        "source": "est.: not published. PCIe Gen5 x16 is 64 GB/s per direction theoretical; packet headers "
+                  "and flow control leave ~85%, peer-to-peer DMA through a switch ~75% (48 GB/s)"})
+    card_link_latency_us: float = field(default=10.0, metadata={
+        "doc": "fixed time of one step of a collective (one message per card: DMA descriptor, doorbell, "
+               "completion seen by the host that drives it), microseconds",
+        "source": "est.: not published. A PCIe round trip is ~1-2 us; the real backend (spyreccl) is "
+                  "synchronous and driven by the host, which adds its own synchronisation per step"})
+    collective_algorithm: str = field(default="ring", metadata={
+        "doc": "how collectives move data: 'ring' (peer to peer between neighbouring cards, bandwidth-optimal)"
+               " or 'host' (every card to host memory and back over its own host link; the host reduces)",
+        "source": "est.: spyreccl's algorithm is not published"})
     ring_hop_cycles: int = field(default=4, metadata={
         "doc": "latency of one ring hop in cycles", "source": "est."})
 
@@ -153,6 +169,9 @@ class HardwareConfig:
             v = getattr(self, f.name)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
                 raise ValueError(f"hardware config: {f.name} must be >= 0, got {v}")
+        if self.collective_algorithm not in COLLECTIVE_ALGORITHMS:
+            raise ValueError(f"hardware config: collective_algorithm must be one of {COLLECTIVE_ALGORITHMS}, "
+                             f"got {self.collective_algorithm!r}")
         if self.numerics not in NUMERICS:
             raise ValueError(f"hardware config: numerics must be one of {NUMERICS}, got {self.numerics!r}")
         if self.num_cards < 1:

@@ -1,7 +1,8 @@
 """Events the card reports while it works, and who listens.
 
 The device layer publishes a :class:`FallbackEvent` for every host fallback; the runtime
-publishes a :class:`KernelEvent` for every tile program it launches. The profiler
+publishes a :class:`KernelEvent` for every tile program it launches; the distributed backend a
+:class:`CollectiveEvent` for every collective between cards. The profiler
 (``vspyre.runtime.profiler``) subscribes to both. Publishing costs one list check when nobody
 listens, so it stays on the hot path.
 """
@@ -55,7 +56,25 @@ class FallbackEvent:
     est_us: float = 0.0           # that traffic at the host link's bandwidth (the card waits for it)
 
 
-Event = Union[KernelEvent, FallbackEvent]
+@dataclass(frozen=True)
+class CollectiveEvent:
+    """A collective (all_reduce, all_gather, ...) between cards, as one rank sees it: the bytes it
+    moves and its time on the card-to-card link model (``vspyre.distributed``)."""
+
+    name: str                     # "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", ...
+    device: int
+    host_start_ns: int
+    host_end_ns: int
+    est_us: float                 # the link model's time; the card waits for it (synchronous collectives)
+    nbytes: int                   # the payload: this rank's tensor (all_gather: its input; reduce_scatter: its input)
+    link_bytes: int               # bytes this card sends over its link
+    world_size: int
+    algorithm: str                # "ring", "host", "p2p"
+    steps: int                    # messages per card (each pays the link latency)
+    executed: bool = True         # False in estimate-only mode: costed, not run
+
+
+Event = Union[KernelEvent, FallbackEvent, CollectiveEvent]
 
 _lock = threading.Lock()
 _subscribers: list[Callable[[Event], None]] = []

@@ -60,6 +60,7 @@ class Profile:
     def __init__(self, record_segments: bool = True) -> None:
         self.kernels: list[trace.KernelEvent] = []
         self.fallbacks: list[trace.FallbackEvent] = []
+        self.collectives: list[trace.CollectiveEvent] = []
         self.record_segments = record_segments
         self._lock = threading.Lock()
         self._t0 = 0
@@ -72,6 +73,8 @@ class Profile:
                 self.kernels.append(ev)
             elif isinstance(ev, trace.FallbackEvent):
                 self.fallbacks.append(ev)
+            elif isinstance(ev, trace.CollectiveEvent):
+                self.collectives.append(ev)
 
     def start(self) -> "Profile":
         import time
@@ -122,16 +125,39 @@ class Profile:
             a[1] += (f.host_end_ns - f.host_start_ns) / 1e3
         return sorted(((k, v[0], v[1]) for k, v in agg.items()), key=lambda r: -r[2])
 
+    def collective_summary(self) -> list[tuple[str, int, float, int]]:
+        """(collective, calls, total est. microseconds, total payload bytes), most time first."""
+        agg: dict[str, list] = {}
+        for c in self.collectives:
+            a = agg.setdefault(c.name, [0, 0.0, 0])
+            a[0] += 1
+            a[1] += c.est_us
+            a[2] += c.nbytes
+        return sorted(((k, v[0], v[1], v[2]) for k, v in agg.items()), key=lambda r: -r[2])
+
+    @property
+    def kernel_est_us(self) -> float:
+        """Estimated device time of the kernels alone."""
+        return sum(k.est_us for k in self.kernels)
+
+    @property
+    def collective_est_us(self) -> float:
+        """Estimated time of the collectives between cards (the card waits for each: synchronous)."""
+        return sum(c.est_us for c in self.collectives)
+
     @property
     def total_est_us(self) -> float:
-        return sum(k.est_us for k in self.kernels)
+        """Kernels plus collectives: one card's estimated time."""
+        return self.kernel_est_us + self.collective_est_us
 
     def rich_table(self, row_limit: int = 50):
         from rich.markup import escape
         from rich.table import Table
 
+        coll = (f"; {len(self.collectives)} collectives, {self.collective_est_us:.1f} us"
+                if self.collectives else "")
         t = Table(title=f"spyre kernels: {len(self.kernels)} launches, est. device time {self.total_est_us:.1f} us"
-                        f"; {len(self.fallbacks)} host fallbacks")
+                        f"{coll}; {len(self.fallbacks)} host fallbacks")
         for col, just in [("kernel", "left"), ("calls", "right"), ("est. device time (us)", "right"),
                           ("avg (us)", "right"), ("share", "right"), ("bottleneck", "left"), ("bytes", "right"),
                           ("flops", "right"), ("roofline eff.", "right")]:
@@ -139,6 +165,11 @@ class Profile:
         for r in self.key_averages()[:row_limit]:
             t.add_row(escape(r.name), str(r.calls), f"{r.est_us:.2f}", f"{r.avg_us:.2f}", f"{r.share:.1%}", r.bottleneck,
                       _human(r.bytes), _human(r.flops), f"{r.efficiency:.0%}")
+        total = self.total_est_us or 1.0
+        for name, calls, us, nbytes in self.collective_summary()[:row_limit]:
+            algo = ", ".join(sorted({c.algorithm for c in self.collectives if c.name == name}))
+            t.add_row(escape(f"[collective] {name}"), str(calls), f"{us:.2f}", f"{us / calls:.2f}", f"{us / total:.1%}",
+                      f"link ({algo})", _human(nbytes), "-", "-")
         for op, calls, us in self.fallback_summary()[:row_limit]:
             t.add_row(escape(f"[host fallback] {op}"), str(calls), "-", "-", "-", "host", "-", "-", f"host {us:.1f} us")
         return t
@@ -158,15 +189,23 @@ class Profile:
     # -- Chrome trace --------------------------------------------------------------------------
     def chrome_trace(self) -> dict:
         events: list[dict] = []
-        cards = sorted({k.device for k in self.kernels} | {f.device for f in self.fallbacks}) or [0]
+        cards = sorted({k.device for k in self.kernels} | {f.device for f in self.fallbacks}
+                       | {c.device for c in self.collectives}) or [0]
         cores_seen: dict[int, set[int]] = defaultdict(set)
-        FALLBACK_TID, KERNEL_TID = 1, 2
+        FALLBACK_TID, KERNEL_TID, COLLECTIVE_TID = 1, 2, 3
         cursor: dict[int, float] = defaultdict(float)
         t0 = self._t0 or min([k.host_start_ns for k in self.kernels] + [f.host_start_ns for f in self.fallbacks] + [0])
-        for k in sorted(self.kernels, key=lambda k: k.host_start_ns):
+        timeline = sorted(list(self.kernels) + list(self.collectives), key=lambda k: k.host_start_ns)
+        for k in timeline:
             pid = k.device
             start = max(cursor[pid], (k.host_start_ns - t0) / 1e3)
             cursor[pid] = start + k.est_us
+            if isinstance(k, trace.CollectiveEvent):
+                events.append({"ph": "X", "cat": "collective", "name": k.name, "pid": pid, "tid": COLLECTIVE_TID,
+                               "ts": start, "dur": k.est_us,
+                               "args": {"bytes": k.nbytes, "link_bytes": k.link_bytes, "world_size": k.world_size,
+                                        "algorithm": k.algorithm, "steps": k.steps, "executed": k.executed}})
+                continue
             events.append({"ph": "X", "cat": "kernel", "name": k.name, "pid": pid, "tid": KERNEL_TID,
                            "ts": start, "dur": k.est_us,
                            "args": {"bottleneck": k.bottleneck, "bytes": k.bytes_moved, "flops": k.flops,
@@ -193,6 +232,9 @@ class Profile:
             meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": FALLBACK_TID,
                          "args": {"name": "host fallbacks (host time)"}})
             meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": KERNEL_TID, "args": {"name": "kernels"}})
+            if self.collectives:
+                meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": COLLECTIVE_TID,
+                             "args": {"name": "collectives (card-to-card link model)"}})
             for c in sorted(cores_seen[pid]):
                 for off, what in ((0, "dma"), (1, "compute")):
                     tid = 10 + 2 * c + off
