@@ -116,3 +116,55 @@ def one_rank_does_not_join(rank: int) -> str:
 
 def expected_cost(name: str, nbytes: int, world: int) -> float:
     return collectives.cost(name, nbytes, world).us
+
+
+# -- tensor parallel ---------------------------------------------------------------------------------
+def tp_model(family: str):
+    """Tiny Llama / Granite whose heads, KV heads and MLP divide by 1, 2 and 4 (random weights, seed 0)."""
+    from transformers import GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from vspyre.harness import models
+
+    common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=4, vocab_size=512, max_position_embeddings=64, tie_word_embeddings=False,
+                  use_cache=False, attn_implementation="sdpa", bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "llama":
+        return models._build(LlamaForCausalLM, LlamaConfig(**common), 0)
+    return models._build(GraniteForCausalLM, GraniteConfig(
+        **common, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+        logits_scaling=8.0), 0)
+
+
+def tp_input():
+    return torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(0))
+
+
+def tp_forward(rank: int, family: str, modes: tuple[str, ...]) -> dict:
+    """The model split over the group's ranks, run eagerly and compiled: logits, collectives per
+    forward, host fallbacks, graph breaks and the standalone compiler's host-fallback nodes."""
+    import vspyre.standalone as standalone
+    from vspyre import compat
+    from vspyre.distributed import tp
+
+    card = torch.device("spyre", rank)
+    model = tp_model(family).to(card)
+    tp.parallelize(model)
+    ids = tp_input().to(card)
+    out = {}
+    for mode in modes:
+        compat.dynamo_reset()
+        compat.dynamo_counters.clear()
+        standalone.reset_report()
+        torch.spyre.reset_fallback_stats()
+        fn = model if mode == "eager" else torch.compile(model, backend=mode)
+        with torch.no_grad():
+            fn(input_ids=ids)                                   # compile
+            with torch.spyre.profile() as prof:
+                logits = fn(input_ids=ids).logits
+        out[mode] = {"logits": logits.cpu(), "collectives": [c.name for c in prof.collectives],
+                     "fallbacks": dict(torch.spyre.fallback_stats()),
+                     "graph_breaks": sum(compat.dynamo_counters["graph_break"].values()),
+                     "standalone_fallback_nodes": standalone.report()["fallback_ops"],
+                     "kernel_est_us": prof.kernel_est_us, "collective_est_us": prof.collective_est_us,
+                     "local_q_weight": tuple(model.model.layers[0].self_attn.q_proj.weight.to_local().shape)}
+    return out

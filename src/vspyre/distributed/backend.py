@@ -149,6 +149,24 @@ class SpyreProcessGroup(dist.ProcessGroup):
         return self._run("broadcast", tensors, tensors, _nbytes(tensors),
                          lambda ins, outs: self._gloo.broadcast(outs, opts))
 
+    def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> dist.Work:
+        opts = opts or dist.ScatterOptions()
+        ins = [t for lst in input_lists for t in lst]
+        if ins:
+            self._check_sizes("scatter", [len(lst) for lst in input_lists], self.size(), "input tensors at the root")
+        return self._run("scatter", ins, output_tensors, _nbytes(output_tensors) * self.size(),
+                         lambda i, outs: self._gloo.scatter(outs, _regroup(i, self.size()) if i else [], opts))
+
+    def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> dist.Work:
+        opts = opts or dist.GatherOptions()
+        outs = [t for lst in output_lists for t in lst]
+        if outs:
+            self._check_sizes("gather", [len(lst) for lst in output_lists], self.size(), "output tensors at the root")
+        return self._run("gather", input_tensors, outs, _nbytes(input_tensors) * self.size(),
+                         lambda ins, o: self._gloo.gather(_regroup(o, self.size()) if o else [], ins, opts))
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         self._check_peer("send", dst)
         return self._run("send", tensors, [], _nbytes(tensors), lambda ins, outs: self._gloo.send(ins, dst, tag))

@@ -53,6 +53,7 @@ class GraphReport:
     views: collections.Counter = field(default_factory=collections.Counter)      # metadata-only nodes
     fallback: collections.Counter = field(default_factory=collections.Counter)   # ATen op -> host fallback nodes
     fusions: collections.Counter = field(default_factory=collections.Counter)    # pattern -> times fired
+    collectives: collections.Counter = field(default_factory=collections.Counter)  # functional collective -> nodes
     fused_ops: collections.Counter = field(default_factory=collections.Counter)  # ATen ops absorbed by fusions
     folded: int = 0
     dce_removed: int = 0
@@ -78,6 +79,9 @@ class GraphReport:
                  f"(vs {self.unplanned_bytes} B unplanned); compiled in {self.compile_s * 1e3:.1f} ms"]
         if self.fusions:
             lines.append("  fusions: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.fusions.items())))
+        if self.collectives:
+            lines.append("  collectives (spyre c10d backend): "
+                         + ", ".join(f"{k} x{v}" for k, v in self.collectives.most_common()))
         if self.fallback:
             lines.append("  host fallback: " + ", ".join(f"{k} x{v}" for k, v in self.fallback.most_common()))
         return "\n".join(lines)
@@ -89,7 +93,7 @@ _calls: collections.Counter = collections.Counter()     # runtime: fallback op -
 
 def report() -> dict:
     """What the standalone compiler did since the last reset: per graph and in total."""
-    tot = {k: collections.Counter() for k in ("native", "views", "fallback", "fusions", "fused_ops")}
+    tot = {k: collections.Counter() for k in ("native", "views", "fallback", "fusions", "fused_ops", "collectives")}
     for g in _graphs:
         for k in tot:
             tot[k].update(getattr(g, k))
@@ -303,6 +307,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list, name: str | None = N
         elif k == "view":
             if n.target is not operator.getitem:
                 rep.views[opname] += 1
+        elif k == "collective":
+            rep.collectives[opname] += 1
         else:
             rep.fallback[opname] += 1
     assign, sizes, unplanned = plan_buffers(gm.graph, kinds)

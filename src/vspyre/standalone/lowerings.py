@@ -37,7 +37,7 @@ aten = torch.ops.aten
 @dataclass(frozen=True)
 class Lowering:
     name: str
-    kind: str                          # "kernel" | "view" | "fused"
+    kind: str                          # "kernel" | "view" | "fused" | "collective"
     make: Callable[[Any], Callable]
     doc: str = ""
     applies: Callable[[Any], bool] | None = None   # node -> whether this lowering handles it (else a host fallback)
@@ -432,6 +432,26 @@ _SIZE_OPS = {
 }
 for _op, _fn in _SIZE_OPS.items():
     register(_op, "view", "size arithmetic on host scalars (dynamic shapes)")(_view_make(_fn))
+
+
+# Functional collectives (tensor parallel graphs: DTensor's all_reduce after a row-wise projection):
+# the node calls the op, which runs on the spyre c10d backend (costed on the card-to-card link model
+# and published as a collective); wait_tensor waits for its work. Not host fallbacks: their values
+# never leave the card's memory for an ATen op on the host.
+def _collective_make(node):
+    op = node.target
+
+    def run(ctx, *args, **kwargs):
+        return op(*args, **kwargs)
+    return run
+
+
+_c10d = getattr(torch.ops, "_c10d_functional", None)
+for _name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
+              "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "broadcast", "wait_tensor"):
+    _packet = getattr(_c10d, _name, None) if _c10d is not None else None
+    if _packet is not None:
+        register(_packet.default, "collective", "a functional collective on the spyre c10d backend")(_collective_make)
 
 
 @register([aten.view.default, aten._unsafe_view.default, aten.reshape.default], "view", "metadata only")
