@@ -206,7 +206,7 @@ def test_op_table_lists_native_ops():
                "aten::embedding", "aten::view", "fused_attention", "fused_matmul"):
         assert op in t
     assert "aten::special_bessel_j0" not in t and "aten::cumsum" in t
-    assert {k for _, k, _ in S.op_table_rows()} == {"kernel", "view", "fused"}
+    assert {k for _, k, _ in S.op_table_rows()} == {"kernel", "view", "fused", "collective"}
 
 
 def test_profiler_sees_standalone_kernels():

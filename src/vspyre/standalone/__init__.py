@@ -28,9 +28,9 @@ BACKEND = "spyre_standalone"
 
 
 def op_table_rows() -> list[tuple[str, str, str]]:
-    """(op, kind, how) for every entry: kind is ``kernel``, ``view`` or ``fused``."""
+    """(op, kind, how) for every entry: kind is ``kernel``, ``view``, ``fused`` or ``collective``."""
     rows = {(low.name, low.kind, low.doc) for low in TABLE.values()}
-    order = {"kernel": 0, "view": 1, "fused": 2}
+    order = {"kernel": 0, "view": 1, "fused": 2, "collective": 3}
     return sorted(rows, key=lambda r: (order[r[1]], r[0]))
 
 
