@@ -126,7 +126,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                      new_tokens=args.new_tokens, dtype=args.dtype,
                      backends=tuple(E.BACKENDS) if args.backend == "both" else (args.backend,),
                      cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top,
-                     routing=args.routing, compile=args.compile)
+                     routing=args.routing, compile=args.compile, tp=args.tp)
     try:
         report = E.estimate(opts, progress=not args.no_progress)
     except E.EstimateError as e:
@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
     p.add_argument("--backend", default="inductor", choices=["inductor", "standalone", "both"])
     p.add_argument("--cards", type=int, default=1, help="cards whose device memory the model may use, pooled (times are one card's)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallel over N cards (one rank each; estimate-only simulates the N identical ranks "
+                        "in one process); per-card memory and times with the collectives shown apart")
     p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, card-limit, measured, torch-spyre-2026)")
     p.add_argument("--kv", default="128,2048,8192", help="KV-cache lengths to time a decode step at")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers (a shallower model)")

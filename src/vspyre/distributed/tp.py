@@ -89,9 +89,11 @@ def mesh(tp: int | None = None) -> Any:
     return init_device_mesh("spyre", (world,), mesh_dim_names=("tp",))
 
 
-def parallelize(model: torch.nn.Module, device_mesh: Any = None) -> torch.nn.Module:
-    """Split ``model`` (on this rank's card, or still on the host) over the mesh's ranks in place with
-    ``parallelize_module`` and the model's plan; returns the model."""
+def parallelize(model: torch.nn.Module, device_mesh: Any = None, src_data_rank: int | None = 0) -> torch.nn.Module:
+    """Split ``model`` (on this rank's card, on the host, or on the meta device) over the mesh's ranks in
+    place with ``parallelize_module`` and the model's plan; returns the model. ``src_data_rank=0``:
+    rank 0's weights are scattered to the others (as loaded on one rank); ``None``: each rank keeps
+    its own slice of the weights it has (every rank loaded the same checkpoint, or a meta model)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     device_mesh = device_mesh or mesh()
@@ -99,7 +101,7 @@ def parallelize(model: torch.nn.Module, device_mesh: Any = None) -> torch.nn.Mod
     check_divisible(model.config, tp)
     if tp == 1:
         return model
-    parallelize_module(model, device_mesh, plan(model))
+    parallelize_module(model, device_mesh, plan(model), src_data_rank=src_data_rank)
     return model
 
 
@@ -108,3 +110,18 @@ def local_heads(config: Any, tp: int) -> tuple[int, int]:
     check_divisible(config, tp)
     h = config.num_attention_heads
     return h // tp, (getattr(config, "num_key_value_heads", None) or h) // tp
+
+
+def per_rank_bytes(model: torch.nn.Module, degree: int) -> int:
+    """Bytes of parameters and buffers one rank holds at TP ``degree`` (the plan's modules split,
+    the rest replicated); the model may be on the meta device."""
+    if degree == 1:
+        return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    check_divisible(model.config, degree)
+    split = set(plan(model))
+    total = 0
+    for name, mod in model.named_modules():
+        own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
+        b = sum(t.numel() * t.element_size() for t in own)
+        total += b // degree if name in split else b
+    return total

@@ -107,6 +107,7 @@ class Options:
     routing: str = "balanced"      # estimate-only: how routed rows split over experts (vspyre.runtime.routing)
     compile: str = "regional"      # regional: the decoder layer compiled once for all layers; whole: one graph
     warm: bool = True              # also time a warm prefill compile (the family sweep skips it)
+    tp: int = 1                    # tensor parallel degree: one card per rank (vspyre.distributed.tp)
 
 
 @dataclass
@@ -115,6 +116,8 @@ class Phase:
 
     est_us: float = 0.0
     kernel_us: float = 0.0
+    collective_us: float = 0.0     # collectives between cards (tensor parallel), on the link model
+    collectives: int = 0
     fallback_us: float = 0.0       # host fallbacks: the host link's time for their bytes
     launches: int = 0
     host_overhead_us: float = 0.0  # launches x the preset's host_overhead_us (host time, not device time)
@@ -136,9 +139,11 @@ def _profile_call(fn, top: int) -> Phase:
     with profiler.profile(record_segments=False) as p:
         fn()
     ph = Phase(syncs=routing.sync_stats(), assumed=routing.assumed())
-    ph.kernel_us = p.total_est_us
+    ph.kernel_us = p.kernel_est_us
+    ph.collective_us = p.collective_est_us
+    ph.collectives = len(p.collectives)
     ph.fallback_us = sum(f.est_us for f in p.fallbacks)
-    ph.est_us = ph.kernel_us + ph.fallback_us
+    ph.est_us = ph.kernel_us + ph.fallback_us + ph.collective_us
     ph.launches = len(p.kernels)
     ph.host_overhead_us = ph.launches * hardware.get_config().host_overhead_us
     ph.with_host_us = ph.est_us + ph.host_overhead_us
@@ -170,15 +175,22 @@ def _hw(name: str | None, cards: int) -> Iterator[hardware.HardwareConfig]:
         hardware.set_config(prev)
 
 
-def _build(cfg: Any, dtype: torch.dtype, execute: bool) -> torch.nn.Module:
+def _build(cfg: Any, dtype: torch.dtype, execute: bool, tp: int = 1) -> torch.nn.Module:
+    """The model on the card; at ``tp`` > 1 split over the ranks (each rank its slice, stored once)."""
     from transformers import AutoModelForCausalLM
 
+    from ..distributed import tp as tensor_parallel
+
     if execute:                      # small configs only: random weights on the host, then moved
-        torch.manual_seed(0)
+        torch.manual_seed(0)         # (every rank the same weights: each keeps its slice)
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval().to("spyre")
+        if tp > 1:
+            tensor_parallel.parallelize(model, src_data_rank=None)
     else:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+        if tp > 1:                   # split before it reaches the card: a rank never holds the whole model
+            tensor_parallel.parallelize(model, src_data_rank=None)
         model = model.to_empty(device="spyre")       # accounted on the card, no host memory, no values
     # moving a module to an out-of-tree device makes new parameters (as on XLA): tied ones come apart
     model.tie_weights()
@@ -191,7 +203,7 @@ def _ids(batch: int, n: int, vocab: int, execute: bool) -> torch.Tensor:
     return torch.empty(batch, n, dtype=torch.int64, device="spyre")
 
 
-def _cache(cfg: Any, batch: int, length: int, dtype: torch.dtype, execute: bool) -> Any:
+def _cache(cfg: Any, batch: int, length: int, dtype: torch.dtype, execute: bool, tp: int = 1) -> Any:
     """A KV cache holding ``length`` positions in every layer, its length dimension marked dynamic
     (``dynamic=True`` does not reach tensors nested in the cache object: without the mark Dynamo
     compiles the first length static and recompiles once at the second)."""
@@ -199,7 +211,7 @@ def _cache(cfg: Any, batch: int, length: int, dtype: torch.dtype, execute: bool)
 
     from ..compat import mark_dynamic
 
-    kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    kvh = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) // tp   # this rank's heads
     cache = DynamicCache(config=cfg)
     shape = (batch, kvh, length, _head_dim(cfg))
     make = torch.randn if execute else torch.empty
@@ -239,7 +251,7 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     torch.spyre.reset_fallback_stats()
     mem0 = torch.spyre.memory_allocated()
     with torch.spyre.estimate_only(not opts.execute), torch.no_grad():
-        model = _build(cfg, dtype, opts.execute)
+        model = _build(cfg, dtype, opts.execute, opts.tp)
         weights = torch.spyre.memory_allocated() - mem0
         out["weights_bytes"] = weights
         advance("built")
@@ -282,9 +294,10 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
         for length in _kv_lengths(cfg, opts):
             g0 = _graphs()
             t0 = time.perf_counter()
-            decode(input_ids=tok, past_key_values=_cache(cfg, opts.batch, length, dtype, opts.execute), use_cache=True)
+            decode(input_ids=tok, past_key_values=_cache(cfg, opts.batch, length, dtype, opts.execute, opts.tp),
+                   use_cache=True)
             first = time.perf_counter() - t0
-            cache = _cache(cfg, opts.batch, length, dtype, opts.execute)
+            cache = _cache(cfg, opts.batch, length, dtype, opts.execute, opts.tp)
             ph = _profile_call(lambda: decode(input_ids=tok, past_key_values=cache, use_cache=True), opts.top)
             ph.first_call_s = first
             ph.graphs = _graphs() - g0
@@ -360,8 +373,11 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
     from ..regional import MODES
     if opts.compile not in MODES:
         raise EstimateError(f"unknown compile mode {opts.compile!r}; one of {', '.join(MODES)}")
-    if opts.batch < 1 or opts.prompt < 1 or opts.new_tokens < 0 or opts.cards < 1:
-        raise EstimateError("--batch, --prompt and --cards must be >= 1, --new-tokens >= 0")
+    if opts.batch < 1 or opts.prompt < 1 or opts.new_tokens < 0 or opts.cards < 1 or opts.tp < 1:
+        raise EstimateError("--batch, --prompt, --cards and --tp must be >= 1, --new-tokens >= 0")
+    if opts.tp > 1 and opts.cards > 1:
+        raise EstimateError(f"--tp {opts.tp} with --cards {opts.cards}: at --tp N every rank has a card of its own "
+                            "(N cards); --cards pools the memory of several cards for one")
     from ..runtime import routing
     try:
         route = routing.parse(opts.routing)
@@ -373,13 +389,22 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
     if limit and opts.prompt + opts.new_tokens > limit:
         raise EstimateError(f"prompt {opts.prompt} + {opts.new_tokens} new tokens exceeds the model's "
                             f"{limit} positions (max_position_embeddings)")
-    with _hw(opts.hw, opts.cards) as hw_cfg, fresh_compile_caches(), routing.routing(route):
+    if opts.tp > 1:
+        from ..distributed import SpyreDistributedError
+        from ..distributed import tp as tensor_parallel
+        try:
+            tensor_parallel.check_divisible(cfg, opts.tp)
+        except SpyreDistributedError as e:
+            raise EstimateError(str(e)) from None
+    with _hw(opts.hw, opts.cards) as hw_cfg, fresh_compile_caches(), routing.routing(route), \
+            _ranks(opts) as ranks:
         report = _memory(cfg, opts, dtype, hw_cfg)
         report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
                        "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
                        "hw": hw_cfg.name, "compile": opts.compile, "host_overhead_us": hw_cfg.host_overhead_us, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
                        "mode": "functional" if opts.execute else "estimate-only", "backends": {},
-                       "routing": _routing_info(cfg, route, opts.execute)})
+                       "routing": _routing_info(cfg, route, opts.execute), "tp": opts.tp, "ranks": ranks,
+                       "link": _link_info(hw_cfg, opts.tp)})
         if not report["fits"]:
             return report
         steps = 3 + len(_kv_lengths(cfg, opts))
@@ -391,6 +416,48 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
                 report["backends"][b] = r
         _measured_memory(report, cfg, opts, dtype)
     return report
+
+
+@contextlib.contextmanager
+def _ranks(opts: Options) -> Iterator[str]:
+    """The ranks of a ``--tp N`` estimate: the process group this process is a rank of (N processes,
+    e.g. ``launch.run(rank_estimate, N, opts)`` or torchrun), else this process simulating rank 0 of
+    N identical ranks (tensor parallel is symmetric: every rank runs the same kernels and collectives
+    on its slice; collectives are costed, not exchanged)."""
+    if opts.tp == 1:
+        yield "one card"
+        return
+    import torch.distributed as dist
+
+    from .. import distributed
+
+    if dist.is_initialized():
+        if dist.get_world_size() != opts.tp:
+            raise EstimateError(f"--tp {opts.tp} in a process group of {dist.get_world_size()} ranks")
+        yield f"{opts.tp} processes (one rank each; figures of rank {dist.get_rank()})"
+        return
+    if opts.execute:
+        raise EstimateError(f"--execute --tp {opts.tp}: a functional run needs {opts.tp} processes (the other ranks' "
+                            "values must exist): vspyre.distributed.launch.run(vspyre.harness.estimate.rank_estimate, "
+                            f"{opts.tp}, options) or torchrun; estimate-only simulates the ranks in one process")
+    with distributed.simulate(opts.tp):
+        yield f"simulated: this process is rank 0 of {opts.tp} identical ranks (tensor parallel is symmetric)"
+
+
+def rank_estimate(rank: int, opts: Options) -> dict[str, Any]:
+    """One rank's estimate in an N-process group (for ``vspyre.distributed.launch.run``)."""
+    return estimate(opts, progress=False)
+
+
+def _link_info(hw_cfg: hardware.HardwareConfig, tp: int) -> dict[str, Any] | None:
+    """What the collectives' times assume (the card-to-card link model: none of it is published)."""
+    if tp == 1:
+        return None
+    return {"algorithm": hw_cfg.collective_algorithm, "bandwidth": hw_cfg.card_link_bandwidth,
+            "latency_us": hw_cfg.card_link_latency_us,
+            "text": f"{hw_cfg.collective_algorithm} collectives, {hw_cfg.card_link_bandwidth / 1e9:.0f} GB/s per direction "
+                    f"per card link, {hw_cfg.card_link_latency_us:.0f} us per step (estimates, not measured: "
+                    "docs/multi-card.md)"}
 
 
 def _experts(cfg: Any) -> tuple[int, int] | None:
@@ -416,15 +483,17 @@ def _routing_info(cfg: Any, route: Any, execute: bool) -> dict[str, Any]:
 
 
 def _memory(cfg: Any, opts: Options, dtype: torch.dtype, hw_cfg: hardware.HardwareConfig) -> dict[str, Any]:
-    """Weights and KV cache from the config (exact), against the cards' capacity."""
+    """Weights and KV cache from the config (exact), against the cards' capacity; at ``--tp N`` one
+    rank's (its slice of the split weights, the replicated rest, 1/N of the KV heads)."""
+    from ..distributed import tp as tensor_parallel
+
     with torch.device("meta"):
         from transformers import AutoModelForCausalLM
         m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     params = sum(p.numel() for p in m.parameters())
-    weights = sum(p.numel() * p.element_size() for p in m.parameters()) + \
-        sum(b.numel() * b.element_size() for b in m.buffers())
+    weights = tensor_parallel.per_rank_bytes(m, opts.tp)
     del m
-    kv = kv_bytes(cfg, opts.batch, opts.prompt + opts.new_tokens, dtype)
+    kv = kv_bytes(cfg, opts.batch, opts.prompt + opts.new_tokens, dtype) // opts.tp
     cap = hw_cfg.usable_memory_bytes // opts.cards          # one card's
     cards = max(1, math.ceil((weights + kv) / cap))
     return {"params": params, "memory": {"weights_bytes": weights, "kv_cache_bytes": kv, "capacity_bytes": cap,
@@ -486,9 +555,11 @@ def markdown(report: dict[str, Any]) -> str:
              f"{report['batch']}, prompt {report['prompt']}, {report['new_tokens']} new tokens; hardware preset "
              f"`{report['hw']}`; torch {report['torch']}; {report['mode']} (kernels planned and costed"
              f"{'' if report['mode'] == 'functional' else ', not executed'}); compiled "
-             f"{_COMPILE_WORDS[report.get('compile', 'whole')]}.",
+             f"{_COMPILE_WORDS[report.get('compile', 'whole')]}."
+             + (f" **Tensor parallel {report['tp']}** (DTensor, transformers' TP plan; ranks: {report['ranks']}); "
+                f"collectives: {report['link']['text']}." if report.get("tp", 1) > 1 else ""),
              "",
-             "## Device memory",
+             "## Device memory" + (" (per card)" if report.get("tp", 1) > 1 else ""),
              "",
              "| | bytes |", "|---|---|",
              f"| weights | {_gib(mem['weights_bytes'])} |"]
@@ -512,8 +583,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"Device memory pooled over {mem['cards']} cards; times are one card's (multi-card execution "
                   "is not modelled).", ""]
     if not report["fits"]:
-        lines += [f"**Does not fit {_cards(mem['cards'])}: needs {report['cards_needed']} cards** (multi-card "
-                  "execution is not modelled yet, so no times are estimated).", ""]
+        lines += [f"**Does not fit {_cards(mem['cards'])}"
+                  + (f" at tensor parallel {report['tp']}" if report.get("tp", 1) > 1 else "")
+                  + f": needs {report['cards_needed']} times one card's memory** (no times are estimated; "
+                  "`--tp N` splits the model over N cards).", ""]
         return "\n".join(lines)
     bs = report["backends"]
     names = list(bs)
@@ -526,6 +599,13 @@ def markdown(report: dict[str, Any]) -> str:
 
     tag = f" [routing {rt['assumption']}]" if rt.get("assumption") else ""
     row(f"time to first token (prefill), device time{tag}", lambda r: _ms(r["prefill"]["est_us"]))
+    if report.get("tp", 1) > 1:
+        def coll(ph: dict) -> str:
+            c, t = ph.get("collective_us", 0.0), ph["est_us"]
+            return f"{_ms(c)} ({c / t:.0%}; {ph.get('collectives', 0)} collectives)" if t else "-"
+        row("of which collectives between cards (prefill)", lambda r: coll(r["prefill"]))
+        for i, s in enumerate(bs[names[0]]["decode"][:1]):
+            row(f"of which collectives (output token, KV {s['kv']})", lambda r, i=i: coll(r["decode"][i]))
     row("prefill roofline efficiency", lambda r: f"{r['prefill']['roofline_us'] / r['prefill']['est_us']:.0%}"
         if r["prefill"]["est_us"] else "-")
     for i, s in enumerate(bs[names[0]]["decode"]):
