@@ -116,7 +116,7 @@ def main() -> None:
         print(f"| {r['model']} | {r['prompt']} | {r['tp']} | {r['memory_per_card_gib']:.2f} GiB | {r['ttft_ms']:.1f} ms"
               f" | {r['ttft_coll_share']:.1%} | {r['tpot_ms']:.2f} ms | {r['tpot_coll_share']:.1%} | "
               f"{r['tokens_per_s']:.1f} | {sp} | {r['wall_s'] / LIMIT_S:.2f} | {r['rss_gib'] * 2**30 / LIMIT_RSS:.2f} |")
-    any_row = next((r for r in done.values() if "error" not in r), None)
+    any_row = next((r for r in done.values() if "error" not in r and r["tp"] > 1), None)
     if any_row:
         print(f"\nPreset `{any_row['hw']}`; link: {any_row['link']}; host overhead per launch as the preset's.")
     if not args.only:
