@@ -92,6 +92,8 @@ class SpyreProcessGroup(dist.ProcessGroup):
         # the group's name and CPU tensors (object collectives, barriers of other libraries) go through
         # the inner backend; spyre tensors through the methods below
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, inner)
+        # ... and is the group's default backend (torch 2.15's flight recorder files entries under it)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self.device = _bind_card(rank, size, simulated)
 
     def getBackendName(self) -> str:
