@@ -46,7 +46,16 @@ def card_dtypes() -> tuple:
     """The dtypes the card holds, as torch dtypes (torch is imported lazily: this module stays light)."""
     import torch
     return (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64,
-            torch.uint8, torch.bool)
+            torch.uint8, torch.bool) + fp8_dtypes()
+
+
+@functools.cache
+def fp8_dtypes() -> tuple:
+    """The 8-bit float formats of the card that this torch has: ``float8_e4m3fn`` (saturating, no
+    inf) and ``float8_e5m2`` (IEEE-like, with inf). The card's systolic array takes them at
+    ``fp8_speedup`` times the fp16 rate."""
+    import torch
+    return tuple(d for d in (getattr(torch, n, None) for n in ("float8_e4m3fn", "float8_e5m2")) if d is not None)
 
 
 def dtype_names(dtypes: tuple | None = None) -> str:

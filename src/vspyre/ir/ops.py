@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import sympy
 import torch
 
-from ..hardware import HardwareConfig
+from ..hardware import HardwareConfig, fp8_dtypes
 from .indexing import affine_form, compile_expr, free_names, sym
 from .program import REDUCTIONS, RING_COMBINE, Compute, Load, Matmul, Program, Reduce, Store
 
@@ -287,15 +287,20 @@ _vec("hypot", lambda a, b: torch.hypot(_f(a), _f(b)), 2, "sqrt(a*a + b*b)", True
 
 def _cast_fn(dtype: torch.dtype):
     """Semantics of a cast on host values: float values stay fp32 (the card rounds where it writes
-    memory), integer targets truncate toward zero, bool tests != 0."""
+    memory), except casts to an 8-bit float, which round there, as PyTorch's cast does (nearest
+    even; e4m3fn saturates to +-448, inf included, e5m2 overflows to inf; NaN stays NaN): a
+    quantisation's value is its fp8 value. Integer targets truncate toward zero, bool tests != 0."""
     if dtype == torch.bool:
         return lambda a: a != 0
+    if dtype in fp8_dtypes():
+        return lambda a: a.to(torch.float32).to(dtype).to(torch.float32)
     if dtype.is_floating_point:
         return lambda a: a.to(torch.float32)
     return lambda a: a.to(torch.int64) if not a.is_floating_point() else torch.trunc(a).to(torch.int64)
 
 
-_register(OpDef("to", "elementwise", "cast a to the op's dtype (float->float keeps fp32 on the host)",
+_register(OpDef("to", "elementwise", "cast a to the op's dtype (float->float keeps fp32 on the host; to fp8 rounds "
+                "and saturates as PyTorch's cast)",
                 None, 1, 0, "explicit"))
 
 
