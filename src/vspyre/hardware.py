@@ -47,7 +47,16 @@ def card_dtypes() -> tuple:
     """The dtypes the card holds, as torch dtypes (torch is imported lazily: this module stays light)."""
     import torch
     return (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64,
-            torch.uint8, torch.bool)
+            torch.uint8, torch.bool) + fp8_dtypes()
+
+
+@functools.cache
+def fp8_dtypes() -> tuple:
+    """The 8-bit float formats of the card that this torch has: ``float8_e4m3fn`` (saturating, no
+    inf) and ``float8_e5m2`` (IEEE-like, with inf). The card's systolic array takes them at
+    ``fp8_speedup`` times the fp16 rate."""
+    import torch
+    return tuple(d for d in (getattr(torch, n, None) for n in ("float8_e4m3fn", "float8_e5m2")) if d is not None)
 
 
 def dtype_names(dtypes: tuple | None = None) -> str:
@@ -88,7 +97,12 @@ class HardwareConfig:
         "doc": "vector cycles of one exp/log/tanh/... lane-op relative to an add",
         "source": "est."})
     int8_speedup: float = field(default=2.0, metadata={
-        "doc": "int8/fp8 systolic throughput relative to fp16", "source": "derived (~197 TOP/s)"})
+        "doc": "int8 systolic throughput relative to fp16",
+        "source": "contributor (compiler system config): int8 2x fp16 (~197 TOP/s)"})
+    fp8_speedup: float = field(default=2.0, metadata={
+        "doc": "fp8 (float8_e4m3fn, float8_e5m2) systolic throughput relative to fp16",
+        "source": "contributor (compiler system config): fp8 1024 engines per core-half against fp16's 512, "
+                  "2x fp16 (~197 TFLOP/s)"})
     systolic_fill_cycles: int = field(default=16, metadata={
         "doc": "cycles to fill and drain the systolic pipeline per matmul tile",
         "source": "est.: rows + cols of the 8x8 array"})
@@ -220,6 +234,25 @@ class HardwareConfig:
     @property
     def peak_int8_ops(self) -> float:
         return self.peak_fp16_flops * self.int8_speedup
+
+    @property
+    def peak_fp8_flops(self) -> float:
+        return self.peak_fp16_flops * self.fp8_speedup
+
+    def matmul_speedup(self, dtype: Any) -> float:
+        """Systolic throughput of matmul operands of ``dtype`` relative to fp16: ``fp8_speedup`` for
+        the fp8 formats, ``int8_speedup`` for int8/uint8, 1 otherwise (fp16, bf16; fp32 runs at the
+        fp16 rate in this model)."""
+        import torch
+        if dtype in fp8_dtypes():
+            return self.fp8_speedup
+        if dtype in (torch.int8, torch.uint8):
+            return self.int8_speedup
+        return 1.0
+
+    def peak_matmul_flops(self, dtype: Any) -> float:
+        """Card peak of a matmul on operands of ``dtype`` (FLOP/s, or OP/s for integers)."""
+        return self.peak_fp16_flops * self.matmul_speedup(dtype)
 
     @property
     def core_memory_bandwidth(self) -> float:

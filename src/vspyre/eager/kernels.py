@@ -345,7 +345,14 @@ def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | Non
         mkw = {k: _meta(v) for k, v in kwargs.items()}
         if factory is not None:
             mkw.update(device="meta", dtype=factory)
-        val = fop(*_meta(args), **mkw)
+        try:
+            val = fop(*_meta(args), **mkw)
+        except RuntimeError as e:
+            low = L.TABLE.get(fop)
+            if low is None or low.check is None:
+                raise
+            low.check(opn, *args, **kwargs)        # the op's own check: names the op, dtypes and shapes
+            raise type(e)(f"{opn}: {e}") from e
     res_val = val[0] if isinstance(val, (tuple, list)) else val
     if target is not None:
         if form == "inplace" and tuple(res_val.shape) != tuple(target.shape):

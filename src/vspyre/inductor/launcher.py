@@ -174,6 +174,17 @@ class LibraryKernel:
             if end < out.shape[0]:
                 out[end:].zero_()
             return
+        if self.kind == "scaled_mm":    # _scaled_mm, or _int_mm (integer): scales and bias broadcast to the output
+            a, b, *extras, out = tensors
+            integer, bias = p.get("integer", False), p.get("bias", False)
+            op = "aten::_int_mm" if integer else "aten::_scaled_mm"
+            library.scaled_mm_check(op, a, b, *extras, integer=integer)
+            extras = [e.expand(out.shape) for e in extras]
+            es = tuple(spec_of(e) for e in extras)
+            prog = library.scaled_mm(specs[0], specs[1], specs[-1], es[:2], es[2] if bias else None,
+                                     name="int_mm" if integer else "scaled_mm", source="inductor")
+            runtime.launch(prog, a, b, *extras, out, source="inductor")
+            return
         if self.kind == "attention":
             q, k = specs[0], specs[1]
             v = specs[2] if p.get("value", True) else None

@@ -541,6 +541,32 @@ def _grouped_mm(op: str) -> Callable:
     return lower
 
 
+def _scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scale_result: Any = None,
+               out_dtype: Any = None, use_fast_accum: bool = False) -> Any | None:
+    """``torch._scaled_mm`` (fp8) as the card's library program (``vspyre.ir.library.scaled_mm``:
+    one systolic matmul at the fp8 rate, the scales and the bias in its epilogue) instead of
+    Inductor's extern ``aten._scaled_mm.out`` (a host fallback here). None: not for the card
+    (upstream), or a ``scale_result`` (a host fallback)."""
+    from ..hardware import fp8_dtypes
+    from ..ir import library
+    ins = [a, b, scale_a, scale_b] + ([bias] if bias is not None else [])
+    odt = out_dtype or a.get_dtype()
+    if scale_result is not None or not all(_on_spyre(t) for t in ins) or not (
+            odt in library.SCALED_MM_OUT or odt in fp8_dtypes()):
+        return None
+    return _library_node("scaled_mm", {"bias": bias is not None}, ins, [a.get_size()[0], b.get_size()[1]], odt,
+                         a.get_device())
+
+
+def _int_mm(a: Any, b: Any) -> Any | None:
+    """``torch._int_mm`` (int8 x int8 -> int32) as the card's library program (exact integer
+    accumulation at the int8 rate). None: not for the card (upstream)."""
+    if not (_on_spyre(a) and _on_spyre(b)):
+        return None
+    return _library_node("scaled_mm", {"integer": True}, [a, b], [a.get_size()[0], b.get_size()[1]], torch.int32,
+                         a.get_device())
+
+
 def register_custom_library_ops() -> None:
     """Library lowerings of other libraries' custom ops (they exist once that library is imported:
     called at registration and before each compilation for the card, idempotent)."""
@@ -572,7 +598,8 @@ def _register_library_ops() -> None:
     for op, ours in ((torch.ops.aten.topk.default, _topk), (torch.ops.aten.histc.default, _histc),
                      (torch.ops.aten.sort.stable, _sort), (torch.ops.aten.sort.default, _sort_default),
                      (paged_op, _paged_attention),
-                     (torch.ops.aten._grouped_mm.default, _grouped_mm("aten::_grouped_mm"))):
+                     (torch.ops.aten._grouped_mm.default, _grouped_mm("aten::_grouped_mm")),
+                     (torch.ops.aten._scaled_mm.default, _scaled_mm), (torch.ops.aten._int_mm.default, _int_mm)):
         upstream = lowerings.get(op)
         if upstream is None and op in (paged_op, torch.ops.aten._grouped_mm.default):   # elsewhere Inductor's fallback
             upstream = inductor_lowering.fallback_handler(op, add_to_fallback_set=False)

@@ -129,9 +129,11 @@ class ProgramBuilder:
         self.body.append(Constant(out, value, dtype))
         return out
 
-    def matmul(self, a: str, b: str, dim: Any, acc: str | None = None) -> str:
+    def matmul(self, a: str, b: str, dim: Any, acc: str | None = None, dtype: torch.dtype = torch.float32) -> str:
+        """``sum over dim of a * b`` on the systolic array; ``dtype`` is the accumulator's (fp32, or
+        int64 for integer operands: exact)."""
         out = self._new("mm")
-        self.body.append(Matmul(out, a, b, str(dim), acc))
+        self.body.append(Matmul(out, a, b, str(dim), acc, dtype))
         return out
 
     def softmax_matmul(self, s: str, v: str | None, dim: Any, zero_empty: bool = False) -> str:

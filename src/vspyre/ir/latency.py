@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import trace
-from .ops import OPS, Cost, TileCtx
+from .ops import OPS, Cost, TileCtx, program_matmul_speedup
 from .program import Load, RingReduce, Store
 from .schedule import CoreWork, Schedule, Step, address_only, is_alias, op_rules, runs_at
 
@@ -482,7 +482,9 @@ def estimate_schedule(s: Schedule, segments: bool = True) -> Estimate:
     for b in p.buffers:
         span = b.span(s.sizes)
         compulsory += (min(span, read.get(b.name, 0)) + min(span, write.get(b.name, 0))) * b.itemsize
-    roof = max(flops / cfg.peak_fp16_flops, compulsory / cfg.device_memory_bandwidth) * 1e6
+    # the flops at the peak of the program's matmul dtype (fp8 and int8 operands: 2x fp16's)
+    peak = cfg.peak_fp16_flops * program_matmul_speedup(cfg, p)
+    roof = max(flops / peak, compulsory / cfg.device_memory_bandwidth) * 1e6
     return Estimate(p.name, us / cyc_us, us, launch_us, tuple(c * cyc_us for c in core_cycles), bottleneck,
                     dma_bytes, ring_bytes, flops, compulsory, roof, dma_us, comp_c * cyc_us, ring_c * cyc_us,
                     s.double_buffer, s.describe(), tuple(segs or ()), relay_us, relay_bytes, tuple(relay_names))

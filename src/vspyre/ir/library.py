@@ -25,6 +25,10 @@ Inductor extension's form: O(n^2) work, for dims up to ``SCAN_MAX``). The expert
 need sizes that are values on the card: their callers read them back (a counted sync) or, in
 estimate-only mode, take them from the routing assumption (``vspyre.runtime.routing``).
 
+The quantised matmuls (``torch._scaled_mm`` on fp8, ``torch._int_mm`` on int8; every path
+launches :func:`scaled_mm`): one systolic matmul at the 8-bit rate with the scales and the bias
+in its epilogue, never separate ops.
+
 Paged attention (``spyre::paged_attention``, the vLLM plugin's op; every path launches
 :func:`paged_attention_launches`): :func:`kv_write` (the step's keys and values into the paged
 KV cache, a store with an indirect index masked where the slot is negative), then
@@ -53,7 +57,7 @@ __all__ = ["Spec", "attention", "check", "conv", "gather_rows", "grouped_mm", "g
            "grouped_mm_launches", "histc", "index_add", "kv_write",
            "nonzero_ranks", "nonzero_select", "paged_attend",
            "paged_attention", "paged_attention_launches", "paged_positions", "paged_qmax", "scan", "scatter_fill",
-           "sort_ranks", "sort_select", "spec_of", "topk"]
+           "scaled_mm", "scaled_mm_check", "sort_ranks", "sort_select", "spec_of", "topk"]
 
 Spec = tuple  # (torch.dtype, shape tuple, strides tuple)
 
@@ -389,6 +393,82 @@ def grouped_mm_launches(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bou
                           source=source)
         launches.append((prog, (x[start:end], w[g], out[start:end])))
     return launches
+
+
+SCALED_MM_OUT = (torch.float16, torch.bfloat16, torch.float32)      # and the fp8 formats (no scale_result)
+
+
+def _desc(t: Any) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" if isinstance(t, torch.Tensor) else repr(t)
+
+
+def scaled_mm_check(op: str, a: Any, b: Any, scale_a: Any = None, scale_b: Any = None, bias: Any = None,
+                    integer: bool = False) -> None:
+    """What the card's quantised matmuls take (``torch._scaled_mm``; ``torch._int_mm`` with
+    ``integer``): 2-D ``a`` [M, K] and ``b`` [K, N] of fp8 (int8), per-tensor scales (one element
+    each) or per-row ones (``scale_a`` [M, 1], ``scale_b`` [1, N]), fp32; a bias of N elements.
+    Raises a ``RuntimeError`` naming ``op`` and every operand's shape and dtype otherwise.
+    Tensors or meta tensors (it runs before anything is launched)."""
+    from ..hardware import fp8_dtypes
+    got = f"self {_desc(a)}, mat2 {_desc(b)}" + ("" if integer else
+                                                 f", scale_a {_desc(scale_a)}, scale_b {_desc(scale_b)}"
+                                                 f"{'' if bias is None else ', bias ' + _desc(bias)}")
+
+    def fail(why: str) -> None:
+        raise RuntimeError(f"{op}: {why}; got {got}")
+
+    want = (torch.int8,) if integer else fp8_dtypes()
+    if a.dtype not in want + ((torch.uint8,) if integer else ()) or b.dtype not in want:
+        fail(f"the operands must be {' or '.join(str(d).removeprefix('torch.') for d in want)}")
+    if a.dim() != 2 or b.dim() != 2:
+        fail("the operands must be 2-D matrices")
+    m, k = a.shape
+    k2, n = b.shape
+    if k != k2:
+        fail(f"the contraction sizes differ (self has K={k}, mat2 has K={k2})")
+    if integer:
+        return
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+            fail(f"{name} must be a float32 tensor")
+    tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
+    rowwise = tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n)
+    if not (tensorwise or rowwise):
+        fail(f"the scales must be one element each (per tensor) or scale_a [{m}, 1] and scale_b [1, {n}] (per row)")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n or not bias.dtype.is_floating_point):
+        fail(f"bias must be a 1-D float tensor of {n} elements")
+
+
+@functools.lru_cache(maxsize=1024)
+def scaled_mm(a: Spec, b: Spec, out: Spec, scales: tuple[Spec, ...] = (), bias: Spec | None = None,
+              name: str = "scaled_mm", source: str = "library") -> Program:
+    """The quantised matmuls, one systolic ``Matmul`` each with the dequantisation in its epilogue:
+    ``out[m, n] = (sum_k a[m, k] * b[k, n]) * scales[0][m, n] * scales[1][m, n] + bias[m, n]``.
+
+    ``torch._scaled_mm``: ``a``, ``b`` fp8 (read as stored, 1 byte, at the fp8 systolic rate:
+    ``HardwareConfig.matmul_speedup``), fp32 accumulation, the two scales (per tensor or per row of
+    ``a`` / column of ``b``) and the bias given as views broadcast to ``out``'s shape (stride 0
+    along the dims they do not vary in, so each moves only its own bytes), the result rounded
+    once to ``out``'s dtype at the store. ``torch._int_mm``: int8 operands at the int8 rate, no
+    scales, an exact integer accumulator (int64 in registers; an int32 ``out`` keeps its low 32
+    bits, as int32 accumulation would)."""
+    pb = ProgramBuilder(name, source=source)
+    ab = pb.input("a", *a)
+    bb = pb.input("b", *b)
+    sbs = [pb.input(f"scale{i}", *s) for i, s in enumerate(scales)]
+    biasb = pb.input("bias", *bias) if bias is not None else None
+    ob = pb.output("out", *out)
+    m, n = pb.dim("x0", out[1][0]), pb.dim("x1", out[1][1])
+    k = pb.rdim("r0", a[1][1])
+    integer = not a[0].is_floating_point
+    acc = pb.matmul(pb.load(ab, _idx(a[2], [m, k])), pb.load(bb, _idx(b[2], [k, n])), k,
+                    dtype=torch.int64 if integer else torch.float32)
+    for sb_, s in zip(sbs, scales):
+        acc = pb.mul(acc, pb.load(sb_, _idx(s[2], [m, n])))
+    if biasb is not None:
+        acc = pb.add(acc, pb.load(biasb, _idx(bias[2], [m, n])))
+    pb.store(ob, _idx(out[2], [m, n]), acc)
+    return pb.build()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import sympy
 import torch
 
-from ..hardware import HardwareConfig
+from ..hardware import HardwareConfig, fp8_dtypes
 from .indexing import affine_form, compile_expr, free_names, sym
 from .program import REDUCTIONS, RING_COMBINE, Compute, Load, Matmul, Program, Reduce, Store
 
@@ -287,15 +287,20 @@ _vec("hypot", lambda a, b: torch.hypot(_f(a), _f(b)), 2, "sqrt(a*a + b*b)", True
 
 def _cast_fn(dtype: torch.dtype):
     """Semantics of a cast on host values: float values stay fp32 (the card rounds where it writes
-    memory), integer targets truncate toward zero, bool tests != 0."""
+    memory), except casts to an 8-bit float, which round there, as PyTorch's cast does (nearest
+    even; e4m3fn saturates to +-448, inf included, e5m2 overflows to inf; NaN stays NaN): a
+    quantisation's value is its fp8 value. Integer targets truncate toward zero, bool tests != 0."""
     if dtype == torch.bool:
         return lambda a: a != 0
+    if dtype in fp8_dtypes():
+        return lambda a: a.to(torch.float32).to(dtype).to(torch.float32)
     if dtype.is_floating_point:
         return lambda a: a.to(torch.float32)
     return lambda a: a.to(torch.int64) if not a.is_floating_point() else torch.trunc(a).to(torch.int64)
 
 
-_register(OpDef("to", "elementwise", "cast a to the op's dtype (float->float keeps fp32 on the host)",
+_register(OpDef("to", "elementwise", "cast a to the op's dtype (float->float keeps fp32 on the host; to fp8 rounds "
+                "and saturates as PyTorch's cast)",
                 None, 1, 0, "explicit"))
 
 
@@ -448,14 +453,30 @@ def matmul_shape(p: Program, op: Matmul, ext: Mapping[str, int]) -> tuple[int, i
     return prod((da & db) - {op.dim}), prod(da - db), prod(db - da), ext[op.dim]
 
 
-@_category("systolic", "systolic", "batch x ceil(M-N blocks / corelets) x K cycles + the array's fill; "
+def matmul_speedup(cfg: HardwareConfig, p: Program, op: Matmul) -> float:
+    """The systolic rate of one Matmul relative to fp16: its operands' dtype's
+    (``HardwareConfig.matmul_speedup``: 8-bit fp8/int8 operands 2x), the slower operand's."""
+    dts = p.analysis.dtypes
+    return min(cfg.matmul_speedup(dts[op.a]), cfg.matmul_speedup(dts[op.b]))
+
+
+def program_matmul_speedup(cfg: HardwareConfig, p: Program) -> float:
+    """The systolic rate of a program's matmuls relative to fp16 (the slowest; 1 without one): the
+    roofline counts its flops at this rate's peak."""
+    rates = [matmul_speedup(cfg, p, op) for op in p.body if isinstance(op, Matmul)]
+    return min(rates) if rates else 1.0
+
+
+@_category("systolic", "systolic", "batch x ceil(M-N blocks / corelets) x K cycles / the operands' dtype rate "
+                                   "(matmul_speedup: fp8, int8 2x fp16) + the array's fill; "
                                    "a block is systolic_rows x (systolic_cols x pe_simd_lanes) outputs")
 def _matmul_cost(cfg: HardwareConfig, d: OpDef, op: Matmul, t: TileCtx) -> Cost:
     batch, m, n, k = matmul_shape(t.program, op, t.ext)
     rows = cfg.systolic_rows
     cols = cfg.systolic_cols * cfg.pe_simd_lanes
     blocks = math.ceil(m / rows) * math.ceil(n / cols)
-    cycles = batch * math.ceil(blocks / cfg.corelets_per_core) * k + cfg.systolic_fill_cycles
+    rate = matmul_speedup(cfg, t.program, op)
+    cycles = batch * math.ceil(blocks / cfg.corelets_per_core) * k / rate + cfg.systolic_fill_cycles
     return Cost("systolic", float(cycles), flops=2 * batch * m * n * k)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..hardware import fp8_dtypes
 from ..ir import ProgramBuilder
 from ..ir import library
 from ..ir.program import REDUCTIONS, Program
@@ -92,8 +93,9 @@ class _Emitter:
         elif head == "to":
             dt = e[1]
             arg = self(e[2])
-            if self.kind(e[2]) == _kind(dt) and _kind(dt) != "i":
+            if self.kind(e[2]) == _kind(dt) and _kind(dt) != "i" and dt not in fp8_dtypes():
                 v = arg                      # float->float: the card keeps fp32, rounds at store
+                # (a cast to fp8 is a quantisation: it rounds and saturates where it is written)
             elif isinstance(arg, (int, float)):
                 v = float(arg) if dt.is_floating_point else arg
             else:

@@ -26,6 +26,7 @@ import torch
 
 from . import kernels as K
 from .kernels import spec
+from ..hardware import fp8_dtypes
 from ..ir import library
 from ..ir.ops import OPS
 from ..runtime import paged as _paged  # noqa: F401 - defines torch.ops.spyre.paged_attention
@@ -41,6 +42,9 @@ class Lowering:
     make: Callable[[Any], Callable]
     doc: str = ""
     applies: Callable[[Any], bool] | None = None   # node -> whether this lowering handles it (else a host fallback)
+    check: Callable[..., None] | None = None       # (op name, *args, **kwargs) -> raises a clear error for bad
+    # input the op's meta kernel lets through or words without naming the op (eager kernels call it
+    # when the meta kernel fails, and runs call it before they launch)
 
 
 TABLE: dict[Any, Lowering] = {}
@@ -50,10 +54,11 @@ def _opname(op: Any) -> str:
     return op_name(op)
 
 
-def register(ops, kind: str = "kernel", doc: str = "", applies: Callable[[Any], bool] | None = None):
+def register(ops, kind: str = "kernel", doc: str = "", applies: Callable[[Any], bool] | None = None,
+             check: Callable[..., None] | None = None):
     def deco(make):
         for op in (ops if isinstance(ops, (list, tuple)) else [ops]):
-            TABLE[op] = Lowering(_opname(op), kind, make, doc, applies)
+            TABLE[op] = Lowering(_opname(op), kind, make, doc, applies, check)
         return make
     return deco
 
@@ -515,6 +520,65 @@ register(aten.addmm.default, "kernel", "systolic matmul + bias epilogue", applie
     _matmul_plus_bias("addmm"))
 register(aten.baddbmm.default, "kernel", "batched matmul + bias epilogue", applies=_float_matmul)(
     _matmul_plus_bias("baddbmm"))
+
+
+# ------------------------------------------------------------------------------ quantised matmuls
+def scaled_mm_run(ctx, a, b, odt, scales=(), bias=None, name="scaled_mm"):
+    """``library.scaled_mm``: one systolic matmul on the 8-bit operands as stored, the scales and
+    the bias (views broadcast to the output's shape) in its epilogue."""
+    shape = (a.shape[0], b.shape[1])
+    out = ctx.alloc(shape, odt)
+    sa = ctx.spec(a, "a")
+    sb = ctx.spec(b, "b", (sa[1][1], ctx.spec(b, "b")[1][1]))
+    so = ctx.spec(out, "o", (sa[1][0], sb[1][1]))
+    extras = [ctx.operand(e, shape) for e in scales + ((bias,) if bias is not None else ())]
+    extras = [e if tuple(e.shape) == tuple(shape) else e.expand(shape) for e in extras]
+    es = tuple(ctx.spec(e, f"e{j}_", so[1]) for j, e in enumerate(extras))
+    ss, bs = es[:len(scales)], (es[len(scales)] if bias is not None else None)
+    prog = ctx.memo(("scaled_mm", ctx.key(a), ctx.key(b), ctx.key(out), tuple(ctx.key(e) for e in extras),
+                     bias is not None, name, odt),
+                    lambda: library.scaled_mm(sa, sb, so, ss, bs, name=name, source=K.SOURCE))
+    ctx.launch(prog, a, b, *extras, out)
+    return out
+
+
+def _scaled_mm_applies(node) -> bool:
+    """fp8 operands, a 16/32-bit float or fp8 result; ``scale_result`` runs on the host."""
+    val = node.meta.get("val")
+    kw = dict(zip(("bias", "scale_result", "out_dtype", "use_fast_accum"), node.args[4:])) | dict(node.kwargs)
+    return isinstance(val, torch.Tensor) and (val.dtype in library.SCALED_MM_OUT or val.dtype in fp8_dtypes()) \
+        and kw.get("scale_result") is None
+
+
+def _scaled_mm_check(op, a, b, scale_a=None, scale_b=None, bias=None, scale_result=None, out_dtype=None,
+                     use_fast_accum=False):
+    library.scaled_mm_check(op, a, b, scale_a, scale_b, bias)
+
+
+def _int_mm_check(op, a, b):
+    library.scaled_mm_check(op, a, b, integer=True)
+
+
+@register([aten._scaled_mm.default], "kernel", "fp8 systolic matmul at the fp8 rate, scales (per tensor or per "
+          "row) and bias in the epilogue (library.scaled_mm)", applies=_scaled_mm_applies, check=_scaled_mm_check)
+def _scaled_mm(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+        library.scaled_mm_check("aten::_scaled_mm", a, b, scale_a, scale_b, bias)
+        return scaled_mm_run(ctx, a, b, odt, (scale_a, scale_b), bias, "scaled_mm")
+    return run
+
+
+@register([aten._int_mm.default], "kernel", "int8 x int8 -> int32 systolic matmul at the int8 rate, exact "
+          "integer accumulation (library.scaled_mm)", check=_int_mm_check)
+def _int_mm(node):
+    odt = _meta_dtype(node)
+
+    def run(ctx, a, b):
+        library.scaled_mm_check("aten::_int_mm", a, b, integer=True)
+        return scaled_mm_run(ctx, a, b, odt, name="int_mm")
+    return run
 
 
 # ------------------------------------------------------------------------------ reductions
