@@ -229,11 +229,13 @@ def _note(name: str, dev_index: int, t0: int, t1: int, moved: Callable[[], int] 
 
 _WIDER = {torch.int8: torch.float64, torch.int16: torch.float64, torch.int32: torch.float64,
           torch.uint8: torch.float64, torch.int64: torch.float64, torch.bool: torch.int64,
-          torch.float16: torch.float32, torch.bfloat16: torch.float32}
+          torch.float16: torch.float32, torch.bfloat16: torch.float32,
+          torch.float8_e4m3fn: torch.float32, torch.float8_e5m2: torch.float32}
 
 
 _DTYPE_NAMES = {"Half": torch.float16, "BFloat16": torch.bfloat16, "Bool": torch.bool, "Byte": torch.uint8,
-                "Char": torch.int8, "Short": torch.int16, "Int": torch.int32, "Long": torch.int64}
+                "Char": torch.int8, "Short": torch.int16, "Int": torch.int32, "Long": torch.int64,
+                "Float8_e4m3fn": torch.float8_e4m3fn, "Float8_e5m2": torch.float8_e5m2}
 
 
 def _bridge_dtype(op: Any, info: "_OpInfo", name: str, args: list, kwargs: dict, err: Exception) -> Any:
