@@ -87,6 +87,13 @@ HOOKS: dict[str, Hook] = {
                           "the standalone compiler's compiled graph as AOTAutograd's boxed callable"),
     "get_decompositions": _H("torch._decomp", "get_decompositions", "2.13",
                              "the standalone compiler's decomposition table"),
+    "out_dtype_hop": _H("torch._higher_order_ops.out_dtype", "out_dtype", "2.13",
+                        "the out_dtype higher-order op (torchao's int8 matmul): the card's kernel and decomposition "
+                        "make its int8 x int8 -> int32 mm the card's _int_mm"),
+    "out_dtype_dense": _H("torch._higher_order_ops.out_dtype", "out_dtype_dense", "2.13",
+                          "PyTorch's own out_dtype kernel, for every other out_dtype call"),
+    "inductor_decompositions": _H("torch._inductor.decomposition", "decompositions", "2.13",
+                                  "Inductor's decomposition table: out_dtype's int8 mm on the card decomposes to _int_mm"),
     "GraphPickler": _H("torch.fx._graph_pickler", "GraphPickler", "2.13",
                        "the standalone compiler's graph cache pickles the ATen graph with its fake-tensor metadata"),
     "GraphPicklerOptions": _H("torch.fx._graph_pickler", "Options", "2.13",

@@ -48,6 +48,8 @@ def register() -> None:
     _fallback_lib = torch.library.Library("_", "IMPL")
     _fallback_lib.fallback(fallback._host_fallback, "PrivateUse1")
     fallback.register_overrideable_kernels()
+    from . import out_dtype
+    out_dtype.register()
     _patch_tensor_printing()
     _registered = True
 

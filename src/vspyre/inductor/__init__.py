@@ -91,6 +91,9 @@ def register() -> None:
         register_backend_for_device("spyre", SpyreScheduling, SpyreWrapperCodegen,
                                     device_custom_pass=SpyreGraphPass())
         lowering.register()
+        from ..compat import inductor_decompositions
+        from ..device import out_dtype
+        inductor_decompositions.update(out_dtype.decompositions())    # torchao's int8 mm: the card's _int_mm
 
 
 class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

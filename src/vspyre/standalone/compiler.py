@@ -521,8 +521,9 @@ def _decompositions() -> dict:
     """The decompositions the standalone compiler asks AOTAutograd for: a short hand-picked list
     (ops it would rather see as simpler ATen ops); everything else reaches the op table as is."""
     from ..compat import get_decompositions
+    from ..device import out_dtype
     aten = torch.ops.aten
-    return get_decompositions([
+    return out_dtype.decompositions() | get_decompositions([
         aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.addcmul, aten.addcdiv,
         aten.native_dropout, aten.dropout, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.mish,
         aten.glu, aten.elu, aten.linspace, aten.logsumexp, aten.native_group_norm,
