@@ -304,9 +304,15 @@ def _meta(t: Any) -> Any:
     return t
 
 
-def _eligible(args: tuple, kwargs: dict, target: torch.Tensor | None) -> torch.device | None:
+def _eligible(args: tuple, kwargs: dict, target: torch.Tensor | None, skip_empty: bool = False) -> torch.device | None:
+    """The card all tensor operands are on (0-dim CPU scalars aside), else None. ``skip_empty``:
+    empty operands are ignored if some operand is not empty (``cat`` drops them: the legacy
+    ``torch.empty(0)`` a KV cache starts from is concatenated with the first keys)."""
     dev = None
-    for t in _tensors(list(args) + list(kwargs.values()) + [target]):
+    ts = list(_tensors(list(args) + list(kwargs.values()) + [target]))
+    if skip_empty and any(t.numel() for t in ts if t is not target):
+        ts = [t for t in ts if t.numel() or t is target]
+    for t in ts:
         if t.numel() == 0 and t is not target:   # empty operands (an empty contraction sums to zeros): the host's
             return None                          # edge cases; an empty out= is resized
         if t.device.type == "spyre":
@@ -332,7 +338,7 @@ def _overlaps(target: torch.Tensor, args: tuple, kwargs: dict) -> bool:
 
 def _call(fop: Any, opn: str, kind: str, make: Callable, applies: Callable | None, per_shape: bool,
           args: tuple, kwargs: dict, target: torch.Tensor | None, form: str) -> Any:
-    dev = _eligible(args, kwargs, target)
+    dev = _eligible(args, kwargs, target, skip_empty=fop is aten.cat.default)
     if dev is None:
         raise NoTileForm("operands not all on one card, or empty")
     # a factory's out= variant (arange(..., out=t)) takes its dtype from the target, so the target's
