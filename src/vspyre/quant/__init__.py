@@ -1,0 +1,148 @@
+"""Quantised models on the card, through torchao (the ecosystem's quantisation library).
+
+Three schemes, the ones the real stack serves (``../shared/spyre-hardware.md``):
+
+* ``fp8``   - fp8 (e4m3) weights, one scale per output channel, and fp8 activations quantised per
+  token at run time: torchao's ``Float8DynamicActivationFloat8WeightConfig`` per row, the layout
+  of the FP8 Granite checkpoints (torchao takes per-row scales for bfloat16 weights only: a
+  float16 model gets one scale per tensor, the same bytes and kernels to within the scales). Every linear is ``torch._scaled_mm``: the card's fp8 systolic
+  matmul with the scales in its epilogue.
+* ``w8a8``  - int8 weights per channel, int8 activations per token (SmoothQuant-style W8A8):
+  ``Int8DynamicActivationInt8WeightConfig``. The matmul is torchao's ``out_dtype(mm, int32)``,
+  which the card runs as ``torch._int_mm`` (``vspyre.device.out_dtype``), dequantised after it.
+* ``w4a16`` - int4 weights in groups of 128 with an fp16 scale each, 16-bit activations
+  (GPTQ-style weight-only): ``IntxWeightOnlyConfig(int4, PerGroup(128))``. torchao's packed-int4
+  layouts are each tied to one vendor's kernel (CUDA's mslk and tinygemm, XPU, NPU, the CPU's
+  opaque pack); its portable layout, the one usable on a new device, holds one int4 value per
+  int8 byte and dequantises before the matmul. So on the card w4a16 stores and streams 1 byte per
+  weight (plus the group scales), not half a byte: the figures say so.
+
+The LM head stays in the model's dtype, as in the real FP8 checkpoints (``lm_head`` is in their
+``ignore`` list). ``quantize`` works on weights on the card, in estimate-only mode too (the
+scales are then computed by kernels that are costed, not run: the layouts and bytes are exact).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+class QuantError(Exception):
+    """A scheme the card cannot run, or torchao missing; said in one line."""
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    weights: str          # what a weight is stored as on the card
+    activations: str      # what the matmul's activation operand is
+    matmul: str           # the card kernel each linear becomes
+    config: Callable[[torch.dtype], Any]     # torchao's config for weights of this dtype
+
+
+def _import_torchao() -> Any:
+    """torchao, imported quietly: its wheel ships CUDA kernels that cannot load on this machine
+    and says so once per library (harmless here: the card's kernels are vspyre's)."""
+    logs = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]   # and its pytree deprecation
+    levels = [lg.level for lg in logs]
+    for lg in logs:
+        lg.setLevel(logging.ERROR)
+    try:
+        import torchao.quantization as q
+    except ImportError as e:
+        raise QuantError(f"quantisation needs torchao ({e}); install it with `pip install 'vspyre[quant]'` "
+                         "(torchao 0.18.0)") from None
+    finally:
+        for lg, lv in zip(logs, levels):
+            lg.setLevel(lv)
+    return q
+
+
+def _fp8(dtype: torch.dtype) -> Any:
+    """Per row for bfloat16 weights; torchao's per-row fp8 takes bfloat16 weights only, so other
+    dtypes get one scale per tensor (weights and activations)."""
+    q = _import_torchao()
+    gran = q.PerRow() if dtype == torch.bfloat16 else q.PerTensor()
+    return q.Float8DynamicActivationFloat8WeightConfig(granularity=gran, set_inductor_config=False)
+
+
+def _w8a8(dtype: torch.dtype) -> Any:
+    q = _import_torchao()
+    return q.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
+
+
+def _w4a16(dtype: torch.dtype) -> Any:
+    q = _import_torchao()
+    return q.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=q.PerGroup(128))
+
+
+SCHEMES: dict[str, Scheme] = {
+    "fp8": Scheme("fp8", "float8_e4m3fn, one fp32 scale per output channel",
+                  "float8_e4m3fn, one scale per token (dynamic)", "_scaled_mm at the fp8 rate, scales in the epilogue",
+                  _fp8),
+    "w8a8": Scheme("w8a8", "int8, one scale per output channel", "int8, one scale per token (dynamic, symmetric)",
+                   "_int_mm at the int8 rate, then the dequantisation", _w8a8),
+    "w4a16": Scheme("w4a16", "int4 in groups of 128 (torchao's portable layout: one value per int8 byte), "
+                    "one fp16 scale per group", "the model's 16-bit dtype",
+                    "dequantise, then a 16-bit matmul (Inductor fuses the two)", _w4a16),
+}
+
+
+def scheme(name: str) -> Scheme:
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise QuantError(f"unknown quantisation {name!r}; one of {', '.join(SCHEMES)}") from None
+
+
+def _skipped(fqn: str, skip: tuple[str, ...]) -> bool:
+    return any(fqn == s or fqn.endswith("." + s) for s in skip)
+
+
+def quantize(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_head",)) -> int:
+    """Quantise ``model``'s linears in place with scheme ``name`` (torchao's ``quantize_``), all
+    but those named in ``skip``; returns how many were quantised."""
+    sch = scheme(name)
+    q = _import_torchao()
+    todo = [fqn for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _skipped(fqn, skip)]
+    if not todo:
+        raise QuantError(f"{type(model).__name__} has no linear layers to quantise with {name}")
+    chosen = set(todo)
+    dtype = model.get_submodule(todo[0]).weight.dtype
+    from ._torchao import card_hardware_check
+    with card_hardware_check(model):
+        q.quantize_(model, sch.config(dtype), filter_fn=lambda m, fqn: fqn in chosen)
+    return len(todo)
+
+
+def stored_bytes(t: torch.Tensor) -> int:
+    """Bytes a (possibly torchao-quantised) tensor holds: the sum over its inner tensors."""
+    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter) \
+            or (isinstance(t, torch.nn.Parameter) and hasattr(t.data, "__tensor_flatten__")
+                and type(t.data) is not torch.Tensor):
+        inner = t.data if isinstance(t, torch.nn.Parameter) else t
+        names, _ = inner.__tensor_flatten__()
+        return sum(stored_bytes(getattr(inner, n)) for n in names if getattr(inner, n) is not None)
+    return t.numel() * t.element_size()
+
+
+_linear_cache: dict[tuple, int] = {}
+
+
+def linear_weight_bytes(out_features: int, in_features: int, dtype: torch.dtype, name: str) -> int:
+    """Bytes one ``[out, in]`` linear weight takes once quantised with ``name`` (quantised on the
+    card in estimate-only mode: torchao's own layout, no values, no memory kept)."""
+    key = (out_features, in_features, dtype, name)
+    if key not in _linear_cache:
+        with torch.spyre.estimate_only(True), torch.no_grad():
+            lin = torch.nn.Linear(in_features, out_features, bias=False, device="meta", dtype=dtype)
+            lin = lin.to_empty(device="spyre")
+            quantize(lin, name, skip=())
+            _linear_cache[key] = stored_bytes(lin.weight)
+            del lin
+    return _linear_cache[key]
+
