@@ -112,10 +112,12 @@ class SpyreOverrides(OpOverrides):
         return f"k.dot({a}, {b_})"
 
 
-# Inductor op -> card op, where the names differ.
+# Inductor op -> card op, where the names differ. Inductor's ops.mod is the C-style modulus (sign
+# of a: its fmod lowering emits it for integer fmod), the card's "fmod"; ops.remainder is the
+# Python-style one (sign of b), the card's "mod".
 _ALIASES = {
     "and_": "bitwise_and", "or_": "bitwise_or", "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
-    "rshift": "bitwise_right_shift", "remainder": "mod", "int_truediv": "truediv",
+    "rshift": "bitwise_right_shift", "remainder": "mod", "mod": "fmod", "int_truediv": "truediv",
 }
 # Inductor op -> (card op, then cast to int64).
 _TO_INT = {"floor_to_int": "floor", "ceil_to_int": "ceil", "round_to_int": "round", "trunc_to_int": "trunc"}
