@@ -111,6 +111,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    import dataclasses
+
     import torch  # noqa: F401  (autoloads the spyre device)
     from rich.console import Console
     from rich.markdown import Markdown
@@ -122,26 +124,43 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"vspyre estimate: --kv must be comma-separated integers, got {args.kv!r}", file=sys.stderr)
         return 2
+    quants = [q.strip() for q in (args.quant or "").split(",") if q.strip()]
     opts = E.Options(name=args.name, config=args.config, batch=args.batch, prompt=args.prompt,
                      new_tokens=args.new_tokens, dtype=args.dtype,
                      backends=tuple(E.BACKENDS) if args.backend == "both" else (args.backend,),
                      cards=args.cards, hw=args.hw, kv=kv, layers=args.layers, execute=args.execute, top=args.top,
                      routing=args.routing, compile=args.compile, tp=args.tp)
-    try:
-        report = E.estimate(opts, progress=not args.no_progress)
-    except E.EstimateError as e:
-        print(f"vspyre estimate: {e}", file=sys.stderr)
-        return 2
-    except torch.OutOfMemoryError as e:
-        print(f"vspyre estimate: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    Console(width=150).print(Markdown(E.markdown(report)))
-    paths = E.write(report, args.out)
-    print("vspyre estimate: " + ", ".join(paths))
-    if not report["fits"]:
-        print(f"vspyre estimate: does not fit {E._cards(opts.cards)} (needs {report['cards_needed']})", file=sys.stderr)
-        return 3
-    return 0
+    # --quant A[,B]: the unquantised model first (unless --no-baseline), then each scheme; each gets
+    # its report, and with two or more a side-by-side comparison
+    variants = ([None] if not quants or not args.no_baseline else []) + quants
+    from .quant import SCHEMES
+    for q in quants:                       # before the baseline's minutes, not after
+        if q not in SCHEMES:
+            print(f"vspyre estimate: unknown --quant {q!r}; one of {', '.join(SCHEMES)}", file=sys.stderr)
+            return 2
+    reports = []
+    for q in variants:
+        o = dataclasses.replace(opts, quant=q)
+        try:
+            report = E.estimate(o, progress=not args.no_progress)
+        except E.EstimateError as e:
+            print(f"vspyre estimate: {e}", file=sys.stderr)
+            return 2
+        except torch.OutOfMemoryError as e:
+            print(f"vspyre estimate: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
+        Console(width=150).print(Markdown(E.markdown(report)))
+        paths = E.write(report, args.out)
+        print("vspyre estimate: " + ", ".join(paths))
+        reports.append(report)
+    if len(reports) > 1:
+        Console(width=150).print(Markdown(E.quant_comparison(reports)))
+        print("vspyre estimate: " + ", ".join(E.write_comparison(reports, args.out)))
+    unfit = [r for r in reports if not r["fits"]]
+    for r in unfit:
+        print(f"vspyre estimate: {E._label(r)} does not fit {E._cards(opts.cards)} (needs {r['cards_needed']})",
+              file=sys.stderr)
+    return 3 if unfit else 0
 
 
 def _cmd_serve_estimate(opts: argparse.Namespace) -> int:
@@ -236,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", default="regional", choices=["regional", "whole"],
                    help="regional: the decoder layer compiled once and reused for every layer (default); "
                         "whole: the model as one graph")
+    p.add_argument("--quant", default=None,
+                   help="fp8, w8a8 or w4a16 (comma-separated for several): the linears quantised with torchao; "
+                        "estimated beside the unquantised model, side by side (estimate-<model>-quant.md)")
+    p.add_argument("--no-baseline", action="store_true", help="with --quant: skip the unquantised estimate")
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_cmd_estimate)

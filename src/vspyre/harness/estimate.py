@@ -108,6 +108,7 @@ class Options:
     compile: str = "regional"      # regional: the decoder layer compiled once for all layers; whole: one graph
     warm: bool = True              # also time a warm prefill compile (the family sweep skips it)
     tp: int = 1                    # tensor parallel degree: one card per rank (vspyre.distributed.tp)
+    quant: str | None = None       # fp8 | w8a8 | w4a16: the linears quantised with torchao (vspyre.quant)
 
 
 @dataclass
@@ -175,8 +176,10 @@ def _hw(name: str | None, cards: int) -> Iterator[hardware.HardwareConfig]:
         hardware.set_config(prev)
 
 
-def _build(cfg: Any, dtype: torch.dtype, execute: bool, tp: int = 1) -> torch.nn.Module:
-    """The model on the card; at ``tp`` > 1 split over the ranks (each rank its slice, stored once)."""
+def _build(cfg: Any, dtype: torch.dtype, execute: bool, tp: int = 1, quant: str | None = None) -> torch.nn.Module:
+    """The model on the card; at ``tp`` > 1 split over the ranks (each rank its slice, stored once);
+    with ``quant`` its linears quantised on the card (vspyre.quant: torchao's layouts; in
+    estimate-only mode the quantising kernels are costed, not run, and the layouts are exact)."""
     from transformers import AutoModelForCausalLM
 
     from ..distributed import tp as tensor_parallel
@@ -194,6 +197,9 @@ def _build(cfg: Any, dtype: torch.dtype, execute: bool, tp: int = 1) -> torch.nn
         model = model.to_empty(device="spyre")       # accounted on the card, no host memory, no values
     # moving a module to an out-of-tree device makes new parameters (as on XLA): tied ones come apart
     model.tie_weights()
+    if quant is not None:
+        from .. import quant as quantisation
+        quantisation.quantize(model, quant)
     return model
 
 
@@ -251,7 +257,7 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     torch.spyre.reset_fallback_stats()
     mem0 = torch.spyre.memory_allocated()
     with torch.spyre.estimate_only(not opts.execute), torch.no_grad():
-        model = _build(cfg, dtype, opts.execute, opts.tp)
+        model = _build(cfg, dtype, opts.execute, opts.tp, opts.quant)
         weights = torch.spyre.memory_allocated() - mem0
         out["weights_bytes"] = weights
         advance("built")
@@ -375,6 +381,18 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
         raise EstimateError(f"unknown compile mode {opts.compile!r}; one of {', '.join(MODES)}")
     if opts.batch < 1 or opts.prompt < 1 or opts.new_tokens < 0 or opts.cards < 1 or opts.tp < 1:
         raise EstimateError("--batch, --prompt, --cards and --tp must be >= 1, --new-tokens >= 0")
+    if opts.quant is not None:
+        from .. import quant as quantisation
+        if opts.quant not in quantisation.SCHEMES:
+            raise EstimateError(f"unknown --quant {opts.quant!r}; one of {', '.join(quantisation.SCHEMES)}")
+        if opts.tp > 1:
+            raise EstimateError(f"--quant {opts.quant} with --tp {opts.tp}: quantised weights are not split over "
+                                "cards yet (torchao's tensors are not sharded by the tensor-parallel plan); "
+                                "estimate one card, or --tp without --quant")
+        try:
+            quantisation.scheme(opts.quant).config(DTYPES[opts.dtype] if opts.dtype in DTYPES else torch.float16)
+        except quantisation.QuantError as e:
+            raise EstimateError(str(e)) from None
     if opts.tp > 1 and opts.cards > 1:
         raise EstimateError(f"--tp {opts.tp} with --cards {opts.cards}: at --tp N every rank has a card of its own "
                             "(N cards); --cards pools the memory of several cards for one")
@@ -400,6 +418,7 @@ def estimate(opts: Options, progress: bool = True) -> dict[str, Any]:
             _ranks(opts) as ranks:
         report = _memory(cfg, opts, dtype, hw_cfg)
         report.update({"model": opts.name or os.path.basename(opts.config or ""), "dtype": opts.dtype,
+                       "quant": _quant_info(opts, dtype),
                        "batch": opts.batch, "prompt": opts.prompt, "new_tokens": opts.new_tokens,
                        "hw": hw_cfg.name, "compile": opts.compile, "host_overhead_us": hw_cfg.host_overhead_us, "layers": cfg.num_hidden_layers, "torch": torch.__version__,
                        "mode": "functional" if opts.execute else "estimate-only", "backends": {},
@@ -460,6 +479,13 @@ def _link_info(hw_cfg: hardware.HardwareConfig, tp: int) -> dict[str, Any] | Non
                     "docs/multi-card.md)"}
 
 
+def _quant_info(opts: Options, dtype: torch.dtype) -> dict[str, str] | None:
+    if opts.quant is None:
+        return None
+    from .. import quant as quantisation
+    return quantisation.describe(opts.quant, dtype)
+
+
 def _experts(cfg: Any) -> tuple[int, int] | None:
     """(experts, experts per token) of a mixture-of-experts config, None for a dense one."""
     for e, k in (("num_local_experts", "num_experts_per_tok"), ("num_experts", "num_experts_per_tok"),
@@ -491,7 +517,11 @@ def _memory(cfg: Any, opts: Options, dtype: torch.dtype, hw_cfg: hardware.Hardwa
         from transformers import AutoModelForCausalLM
         m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     params = sum(p.numel() for p in m.parameters())
-    weights = tensor_parallel.per_rank_bytes(m, opts.tp)
+    if opts.quant is not None:
+        from .. import quant as quantisation
+        weights = quantisation.model_weight_bytes(m, opts.quant)      # one card (--quant refuses --tp)
+    else:
+        weights = tensor_parallel.per_rank_bytes(m, opts.tp)
     del m
     kv = kv_bytes(cfg, opts.batch, opts.prompt + opts.new_tokens, dtype) // opts.tp
     cap = hw_cfg.usable_memory_bytes // opts.cards          # one card's
@@ -557,7 +587,11 @@ def markdown(report: dict[str, Any]) -> str:
              f"{'' if report['mode'] == 'functional' else ', not executed'}); compiled "
              f"{_COMPILE_WORDS[report.get('compile', 'whole')]}."
              + (f" **Tensor parallel {report['tp']}** (DTensor, transformers' TP plan; ranks: {report['ranks']}); "
-                f"collectives: {report['link']['text']}." if report.get("tp", 1) > 1 else ""),
+                f"collectives: {report['link']['text']}." if report.get("tp", 1) > 1 else "")
+             + (f" **Quantised {report['quant']['scheme']}** ({report['quant']['library']}): weights "
+                f"{report['quant']['weights']}; activations {report['quant']['activations']}; each linear: "
+                f"{report['quant']['matmul']}; not quantised: {report['quant']['not quantised']}."
+                if report.get("quant") else ""),
              "",
              "## Device memory" + (" (per card)" if report.get("tp", 1) > 1 else ""),
              "",
@@ -645,9 +679,82 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _label(report: dict[str, Any]) -> str:
+    return report["quant"]["scheme"] if report.get("quant") else report["dtype"]
+
+
+def quant_comparison(reports: list[dict[str, Any]]) -> str:
+    """The unquantised estimate (first) beside each quantised one: memory, time to first token,
+    time per output token and tokens/s per compiler, with the ratio to the first."""
+    base = reports[0]
+    lines = [f"# vspyre estimate: {base['model']}, {' vs '.join(_label(r) for r in reports)}", "",
+             f"Batch {base['batch']}, prompt {base['prompt']}, {base['new_tokens']} new tokens; hardware preset "
+             f"`{base['hw']}` (the fp8/int8 systolic rate is its `matmul_speedup`, docs/hardware.md); torch "
+             f"{base['torch']}; {base['mode']}. Quantised with torchao (vspyre.quant); the LM head, embeddings, norms "
+             f"and KV cache stay {base['dtype']}. Ratios (x) are against {base['dtype']}: memory is smaller by, "
+             "times are faster by.", ""]
+    for r in reports[1:]:
+        q = r["quant"]
+        lines.append(f"- **{q['scheme']}**: weights {q['weights']}; activations {q['activations']}; {q['matmul']}.")
+    lines.append("")
+    cols = [_label(r) for r in reports]
+    lines += ["## Device memory", "", "| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+
+    def mem_row(label: str, key: str) -> None:
+        vals = [r["memory"].get(key) for r in reports]
+        if any(v is None for v in vals):
+            return
+        lines.append(f"| {label} | " + " | ".join(
+            _gib(v) + ("" if i == 0 or not v else f" ({vals[0] / v:.2f}x)") for i, v in enumerate(vals)) + " |")
+    mem_row("weights", "weights_bytes")
+    mem_row("KV cache", "kv_cache_bytes")
+    mem_row("total", "total_bytes")
+    lines.append("| cards needed | " + " | ".join(str(r["cards_needed"]) for r in reports) + " |")
+    lines.append("")
+    fitting = [r for r in reports if r["fits"]]
+    if len(fitting) < len(reports):
+        lines += ["Times only for the variants that fit: " + ", ".join(_label(r) for r in fitting) + ".", ""]
+    for b in dict.fromkeys(b for r in fitting for b in r["backends"]):
+        rs = [r for r in fitting if b in r["backends"]]
+        if not rs:
+            continue
+        lines += [f"## Time: {b}", "", "| | " + " | ".join(_label(r) for r in rs) + " |", "|---|" + "---|" * len(rs)]
+
+        def t_row(label: str, fn, faster_is_smaller: bool = True) -> None:
+            vals = [fn(r["backends"][b]) for r in rs]
+            cells = []
+            for i, v in enumerate(vals):
+                ratio = "" if i == 0 or not v or not vals[0] else \
+                    f" ({(vals[0] / v) if faster_is_smaller else (v / vals[0]):.2f}x)"
+                cells.append((_ms(v) if faster_is_smaller else f"{v:.1f}") + ratio)
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        t_row("time to first token (prefill), device time", lambda x: x["prefill"]["est_us"])
+        for i, s in enumerate(rs[0]["backends"][b]["decode"]):
+            t_row(f"time per output token, KV {s['kv']}, device time", lambda x, i=i: x["decode"][i]["est_us"])
+        t_row(f"decode tokens/s (batch {base['batch']})", lambda x: x["tokens_per_s"], faster_is_smaller=False)
+        lines.append("| host fallbacks (prefill / decode step) | " + " | ".join(
+            f"{sum(r['backends'][b]['prefill']['fallbacks'].values())} / "
+            f"{sum(r['backends'][b]['decode'][0]['fallbacks'].values())}" for r in rs) + " |")
+        lines.append("| compile, prefill (cold) | " + " | ".join(
+            f"{r['backends'][b]['prefill']['first_call_s']:.1f} s" for r in rs) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_comparison(reports: list[dict[str, Any]], out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"estimate-{reports[0]['model'].removesuffix('.json')}-quant")
+    with open(stem + ".json", "w") as fh:
+        json.dump(reports, fh, indent=1)
+    with open(stem + ".md", "w") as fh:
+        fh.write(quant_comparison(reports) + "\n")
+    return [stem + ".json", stem + ".md"]
+
+
 def write(report: dict[str, Any], out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"estimate-{report['model'].removesuffix('.json')}")
+    suffix = f"-{report['quant']['scheme']}" if report.get("quant") else ""
+    stem = os.path.join(out_dir, f"estimate-{report['model'].removesuffix('.json')}{suffix}")
     with open(stem + ".json", "w") as fh:
         json.dump(report, fh, indent=1)
     with open(stem + ".md", "w") as fh:
