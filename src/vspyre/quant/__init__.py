@@ -146,3 +146,35 @@ def linear_weight_bytes(out_features: int, in_features: int, dtype: torch.dtype,
             del lin
     return _linear_cache[key]
 
+
+
+def quantized_linears(model: torch.nn.Module, skip: tuple[str, ...] = ("lm_head",)) -> list[tuple[str, torch.nn.Linear]]:
+    """The linears :func:`quantize` quantises (all but those named in ``skip``)."""
+    return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _skipped(fqn, skip)]
+
+
+def model_weight_bytes(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_head",)) -> int:
+    """Bytes of ``model``'s parameters and buffers once quantised with ``name`` (``model``
+    unquantised, on any device, the meta device too): each quantised linear's weight in torchao's
+    layout, everything else (embeddings, norms, biases, the LM head, buffers) as it is; a
+    parameter shared by two modules counts once."""
+    scheme(name)
+    quantised = {id(m.weight): m for _, m in quantized_linears(model, skip)}
+    total, seen = 0, set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        lin = quantised.get(id(p))
+        total += (linear_weight_bytes(lin.out_features, lin.in_features, p.dtype, name) if lin is not None
+                  else p.numel() * p.element_size())
+    return total + sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def describe(name: str, dtype: torch.dtype) -> dict[str, str]:
+    """What a report says about scheme ``name`` on a model of ``dtype``."""
+    s = scheme(name)
+    return {"scheme": s.name, "weights": s.weights, "activations": s.activations, "matmul": s.matmul,
+            "not quantised": f"the LM head, embeddings and norms ({str(dtype).removeprefix('torch.')}); "
+                             f"the KV cache ({str(dtype).removeprefix('torch.')})",
+            "library": "torchao 0.18 (vspyre.quant)"}
