@@ -4,8 +4,8 @@ For each OpInfo op x dtype x mode (``eager`` on the device, ``compiled`` with th
 Inductor backend, ``standalone`` with ``backend="spyre_standalone"``) the sample inputs are moved
 to the card (except the arguments ATen wants on the CPU on any device, see ``_cpu_resident``),
 the op is run there and the result is compared with the CPU result by
-``torch.testing.assert_close`` at PyTorch's default tolerances for the dtype (widened for fp16
-only, see ``tolerances``). Each op x dtype x mode gets one verdict:
+``torch.testing.assert_close`` at PyTorch's default tolerances for the dtype (widened for fp16;
+fp8 outputs equal or 1 fp8 ulp apart; integers exact; see ``tolerances``). Each op x dtype x mode gets one verdict:
 
 * ``pass``        all compared samples match,
 * ``fallback``    they match, and the op ran (partly) as a counted host fallback
@@ -42,23 +42,82 @@ MODES = ("eager", "compiled", "standalone")
 VERDICTS = ("pass", "fallback", "unsupported", "mismatch", "crash", "xfail")
 XFAILS_PATH = Path(__file__).with_name("xfails.toml")
 
-# Tolerances: torch.testing.assert_close's defaults, except fp16. The card computes fp16 as
+# Tolerances: torch.testing.assert_close's defaults, except fp16 and fp8. The card computes fp16 as
 # DLFloat16 (9 mantissa bits, not IEEE fp16's 10): every value a device kernel writes is rounded
 # to 9 bits, i.e. a relative error of up to 2**-10 per store, twice IEEE fp16's 2**-11, and a
 # compiled kernel may fuse several ops (several stores on the CPU path, one on the card, or the
 # other way round). PyTorch's fp16 default (rtol 1e-3, atol 1e-5) is below one DL16 ulp, so fp16
 # uses rtol = 4 * 2**-10 (about 2 DL16 ulps in either rounding direction) and atol 1e-3 (the
 # absolute error left after cancellation in sums of O(1) values rounded at 2**-10).
+#
+# Integer outputs (int8 and the int32 of _int_mm included) are compared exactly (assert_close's
+# default for them is rtol = atol = 0): integer arithmetic has one right answer.
+#
+# fp8 (float8_e4m3fn, float8_e5m2): assert_close has no fp8 tolerance; it compares 1-byte floats
+# bitwise only (it rejects any non-zero rtol/atol for them). An fp8 output is one rounding of a
+# wider (fp32) result, e.g. _scaled_mm's fp32 accumulation times the scales, and the card's
+# systolic array sums K in a different order than the CPU: an fp32 difference of one fp32 ulp can
+# move the value across an fp8 rounding boundary, which is then a whole fp8 ulp (2**-3 relative
+# for e4m3, 2**-2 for e5m2), so any rtol wide enough to accept it would also accept real errors of
+# that size on values that did not straddle a boundary. fp8 outputs are therefore compared by
+# ulp distance: equal bit patterns, or adjacent fp8 values (at most FP8_ULPS = 1 apart on the fp8
+# number line, +0 and -0 the same); NaN only matches NaN, +-inf only itself.
 _DEFAULT_TOL = {
     torch.float32: (1.3e-6, 1e-5),
     torch.bfloat16: (1.6e-2, 1e-5),
     torch.float16: (4 * 2.0 ** -10, 1e-3),
+    **{d: (0.0, 0.0) for d in hardware.fp8_dtypes()},
 }
+FP8_ULPS = 1
+
+# The dtypes the sweep can run: the card's dtypes (hardware.card_dtypes(), fp8 included) the CPU
+# has kernels for. bool and uint8/int16/int32/int64 run too; the default run is the three float
+# dtypes, the 8-bit run (docs/op-coverage-8bit.md) is int8 and both fp8 formats.
+DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
+EIGHT_BIT_DTYPES = ("int8", "float8_e4m3fn", "float8_e5m2")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """A card dtype by its torch name ("float8_e4m3fn", "torch.int8"); ValueError otherwise."""
+    d = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(d, torch.dtype) or d not in hardware.card_dtypes():
+        names = ", ".join(str(x).removeprefix("torch.") for x in hardware.card_dtypes())
+        raise ValueError(f"{name!r} is not a dtype of the card (it has {names})")
+    return d
 
 
 def tolerances(dtype: torch.dtype) -> tuple[float, float] | tuple[None, None]:
-    """(rtol, atol) used for outputs of ``dtype`` (None, None: assert_close's own defaults)."""
+    """(rtol, atol) used for outputs of ``dtype`` (None, None: assert_close's own defaults).
+
+    For the fp8 dtypes this is (0, 0) and the comparison is by ulp distance (``FP8_ULPS``).
+    """
     return _DEFAULT_TOL.get(dtype, (None, None))
+
+
+def _fp8_ordinal(t: torch.Tensor) -> torch.Tensor:
+    """fp8 values as integers in their order on the number line (+0 and -0 both 0)."""
+    b = t.contiguous().view(torch.uint8).to(torch.int16)
+    mag = b & 0x7F
+    return torch.where(b >= 0x80, -mag, mag)
+
+
+def assert_close_fp8(actual: torch.Tensor, expected: torch.Tensor, ulps: int = FP8_ULPS) -> None:
+    """Equal fp8 values or at most ``ulps`` fp8 values apart; NaN == NaN, inf only equal to itself."""
+    assert isinstance(actual, torch.Tensor), f"{type(actual).__name__} vs an fp8 tensor"
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} vs {expected.dtype}"
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    a, e = actual.float(), expected.float()
+    an, en = a.isnan(), e.isnan()
+    finite = a.isfinite() & e.isfinite()
+    dist = (_fp8_ordinal(actual) - _fp8_ordinal(expected)).abs()
+    ok = (an & en) | (finite & (dist <= ulps)) | (~an & ~en & ~finite & (a == e))
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[0].tolist()
+        n = int((~ok).sum())
+        raise AssertionError(
+            f"fp8 values are not within {ulps} ulp! Mismatched elements: {n} / {ok.numel()}. "
+            f"Greatest ulp distance: {int(dist[finite].max()) if bool(finite.any()) else 'n/a'}; "
+            f"first at index {tuple(bad)}: {a[tuple(bad)].item()} vs {e[tuple(bad)].item()}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,6 +391,9 @@ def _compare(actual, expected, dtype, meta_only: bool) -> None:
     a, b = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
     assert len(a) == len(b), f"{len(a)} outputs vs {len(b)} on the CPU"
     for x, y in zip(a, b):
+        if isinstance(y, torch.Tensor) and y.dtype in hardware.fp8_dtypes():
+            assert_close_fp8(x, y)
+            continue
         # the tolerance follows each output's dtype (an fp32 sample can have fp16 outputs)
         rtol, atol = tolerances(y.dtype) if isinstance(y, torch.Tensor) else (None, None)
         torch.testing.assert_close(x, y, rtol=rtol, atol=atol, equal_nan=True,
