@@ -219,8 +219,36 @@ def test_compiled_quantised_linear_runs_on_the_card(backend):
     torch.testing.assert_close(got[0].cpu(), ref[0], **TOL[torch.bfloat16])
     assert torch.equal(got[1].cpu(), ref[1])
     names = [k.name for k in prof.kernels]
-    assert "scaled_mm" in names and "int_mm" in names
+    assert "scaled_mm" in names
+    # the + 1 is the int8 matmul's epilogue, in the same kernel (Inductor: a native matmul; the
+    # standalone compiler: its linear_act pattern)
+    assert ("spyre_red_fused__int_mm_add_t_1" if backend == "inductor" else "_int_mm_act") in names
     assert torch.spyre.fallback_stats() == {}
     if backend == "inductor":
         from vspyre.inductor import wrapper
         assert not any("scaled_mm" in k or "int_mm" in k for k in wrapper.compiled_fallbacks())
+
+
+@pytest.mark.parametrize("backend", ["inductor", "spyre_standalone"])
+def test_both_compilers_fuse_the_w8a8_dequantisation_into_the_int8_matmul(backend):
+    """int8 x int8 -> int32, the per-token and per-channel scales, the cast to 16 bits: one kernel
+    (the int32 product is never stored), exact in its integer part."""
+    xi = torch.randint(-127, 128, (24, 256), dtype=torch.int8, generator=_g(5))
+    wi = torch.randint(-127, 128, (48, 256), dtype=torch.int8, generator=_g(6))
+    sa, sb = torch.rand(24, 1, generator=_g(7)) * 1e-3, torch.rand(1, 48, generator=_g(8)) * 1e-3
+
+    def fn(x, w, sa, sb):
+        return (torch._int_mm(x, w.t()).float() * sa * sb).to(torch.bfloat16)
+
+    dynamo_reset()
+    try:
+        c = torch.compile(fn, backend=backend)
+        c(*_dev(xi, wi, sa, sb))
+        with torch.spyre.profile() as prof:
+            got = c(*_dev(xi, wi, sa, sb))
+    finally:
+        dynamo_reset()
+    torch.testing.assert_close(got.cpu(), fn(xi, wi, sa, sb), rtol=0, atol=0)
+    ks = [k for k in prof.kernels if k.extra.get("kind") != "relayout"]
+    assert len(ks) == 1 and "int_mm" in ks[0].name
+    assert torch.spyre.fallback_stats() == {}

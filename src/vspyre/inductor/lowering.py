@@ -559,12 +559,25 @@ def _scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, sca
 
 
 def _int_mm(a: Any, b: Any) -> Any | None:
-    """``torch._int_mm`` (int8 x int8 -> int32) as the card's library program (exact integer
-    accumulation at the int8 rate). None: not for the card (upstream)."""
-    if not (_on_spyre(a) and _on_spyre(b)):
+    """``torch._int_mm`` (int8 x int8 -> int32) as a native matmul (``ops.dot`` + ``reduction("dot")``
+    with an int32 result: one systolic ``Matmul`` at the int8 rate, exact integer accumulation), so
+    Inductor fuses what follows it - the dequantisation a W8A8 linear applies (``* scale_a *
+    scale_b``, the cast to 16 bits) - into the matmul's epilogue, and the int32 product is never
+    stored. None: not for the card (upstream)."""
+    from ..compat import inductor_ir as ir, ops
+    if not (_on_spyre(a) and _on_spyre(b)) or a.get_dtype() != torch.int8 or b.get_dtype() != torch.int8:
         return None
-    return _library_node("scaled_mm", {"integer": True}, [a, b], [a.get_size()[0], b.get_size()[1]], torch.int32,
-                         a.get_device())
+    (m, k), (_, n) = a.get_size(), b.get_size()
+    a_load, b_load = a.make_loader(), b.make_loader()
+
+    def inner_fn(idx: Any, ridx: Any) -> Any:
+        (i, j), (r,) = idx, ridx
+        return ops.dot(a_load([i, r]), b_load([r, j]))
+
+    out = ir.Reduction.create(device=a.get_device(), dst_dtype=torch.int32, src_dtype=torch.int8,
+                              inner_fn=inner_fn, ranges=[m, n], reduction_ranges=[k], reduction_type="dot")
+    out.realize()          # a buffer of the graph; its pointwise users still fuse as the epilogue
+    return out
 
 
 def register_custom_library_ops() -> None:

@@ -5,8 +5,9 @@ op table lowers to ONE tile program:
 
 * ``attention``  - ``bmm(q, k^T) -> [view] -> [* or / scalar] -> [+ mask] -> softmax -> [view] ->
   bmm(., v)``: one program with two systolic contractions and the softmax between them;
-* ``linear_act`` - ``mm/addmm/bmm -> [view] -> activation``, the activation being any chain of
-  pointwise ops that reads only the matmul result (gelu, GPT-2's tanh-gelu, silu, relu...):
+* ``linear_act`` - ``mm/addmm/bmm/_int_mm -> [view] -> activation``, the activation being any
+  chain of pointwise ops that reads only the matmul result (gelu, GPT-2's tanh-gelu, silu, relu...;
+  after ``_int_mm`` a W8A8 linear's dequantisation: to float, the scales, the cast to 16 bits):
   a matmul with an epilogue;
 * ``residual_add`` - ``matmul [-> activation] -> + residual`` (same shape): the add joins the
   epilogue;
@@ -138,25 +139,51 @@ def _replace(gm: fx.GraphModule, last: fx.Node, target, args, kwargs, val) -> fx
     return f
 
 
-def _pointwise_region(y: fx.Node):
+def _is_cast(n: fx.Node) -> bool:
+    """``x.to(dtype)`` (``_to_copy`` changing only the dtype): a pointwise cast."""
+    return (n.target is aten._to_copy.default and len(n.args) == 1 and set(n.kwargs) == {"dtype"}
+            and isinstance(n.kwargs["dtype"], torch.dtype))
+
+
+def _broadcasts_to(n: Any, shape: tuple) -> bool:
+    s = _shape(n)
+    if s is None or len(s) > len(shape):
+        return False
+    return all(a in (1, b) for a, b in zip(s[::-1], shape[::-1]))
+
+
+def _pointwise_region(y: fx.Node, side: list[fx.Node] | None = None, before: fx.Node | None = None):
     """Maximal set of pointwise nodes computed from ``y`` alone (and scalars), with one sink.
+    With ``side`` (a list to fill), region nodes may also read tensors computed before ``before``
+    (so not from ``y``) that broadcast to ``y``'s shape - a W8A8 dequantisation's scales; they are
+    appended to ``side`` in the order first read.
 
     Returns (nodes in graph order, sink) or None.
     """
     yshape = _shape(y)
     region: list[fx.Node] = []
     inset = {y}
+    order = {n: i for i, n in enumerate(y.graph.nodes)}
+
+    def readable(a: fx.Node) -> bool:
+        if a in inset:
+            return True
+        if side is None or before is None or order[a] >= order[before] or not _broadcasts_to(a, yshape):
+            return False
+        return True
     frontier = list(y.users)
     changed = True
     while changed:
         changed = False
         for u in list(frontier):
-            if u in inset or u.op != "call_function" or u.target not in L.POINTWISE:
+            if u in inset or u.op != "call_function" or (u.target not in L.POINTWISE and not _is_cast(u)):
                 continue
             if u.target in (aten.clone.default, aten.lift_fresh_copy.default):
                 continue
-            if not all(a in inset for a in u.all_input_nodes) or _shape(u) != yshape:
+            if not all(readable(a) for a in u.all_input_nodes) or _shape(u) != yshape:
                 continue
+            if side is not None:
+                side.extend(a for a in u.all_input_nodes if a not in inset and a not in side)
             region.append(u)
             inset.add(u)
             frontier.extend(u.users)
@@ -168,20 +195,24 @@ def _pointwise_region(y: fx.Node):
     sinks = [n for n in region if any(u not in inset for u in n.users) or not n.users]
     if len(sinks) != 1:
         return None
-    order = {n: i for i, n in enumerate(y.graph.nodes)}
     region.sort(key=order.get)
     # every region node must feed the sink (no dead branches)
     return region, sinks[0]
 
 
 def _expr_of(region, y, leaf_y, leaves_extra=None):
-    exprs = {y: leaf_y}
+    """Each region node's expression over ``y`` (``leaf_y``) and the nodes of ``leaves_extra``
+    (node -> its leaf, e.g. ``("in", i)``)."""
+    exprs = {y: leaf_y, **(leaves_extra or {})}
 
     def conv(a):
         if isinstance(a, fx.Node):
             return exprs[a]
         return ("c", a)
     for n in region:
+        if _is_cast(n):
+            exprs[n] = ("to", n.kwargs["dtype"], conv(n.args[0]))
+            continue
         fn = L.POINTWISE[n.target]
         args = [conv(a) for a in n.args]
         kw = {k: (v if k in ("approximate", "rounding_mode") else conv(v)) for k, v in n.kwargs.items()
@@ -270,7 +301,8 @@ def fuse_matmul_epilogue(gm: fx.GraphModule):
     fired = Counter()
     absorbed = Counter()
     for mm in list(gm.graph.nodes):
-        if mm.op != "call_function" or mm.target not in _MM or not L._float_matmul(mm):
+        if mm.op != "call_function" or not ((mm.target in _MM and L._float_matmul(mm))
+                                            or mm.target is aten._int_mm.default):
             continue
         if mm.target is aten.addmm.default and (mm.kwargs.get("beta", 1) != 1 or mm.kwargs.get("alpha", 1) != 1):
             continue
@@ -292,11 +324,16 @@ def fuse_matmul_epilogue(gm: fx.GraphModule):
         last = y
         epi = acc
         used = [mm] + ([view] if view else [])
-        reg = _pointwise_region(y)
+        # after _int_mm the epilogue may read the dequantisation's scales (tensors from before the
+        # matmul, broadcast to its result); elsewhere the region reads y only (a bias or residual
+        # is matched on its own, below)
+        side: list[fx.Node] | None = [] if mm.target is aten._int_mm.default else None
+        reg = _pointwise_region(y, side, mm)
         if reg is not None:
             region, sink = reg
-            # the bias/residual must not sneak in: the region reads y only
-            epi = _expr_of(region, y, acc)[sink]
+            base = len(extras)
+            extras += side or []
+            epi = _expr_of(region, y, acc, {n: ("in", base + i) for i, n in enumerate(side or [])})[sink]
             last = sink
             used += region
             names.append("linear_act")

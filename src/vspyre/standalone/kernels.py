@@ -280,9 +280,12 @@ def matmul(a: TSpec, bm: TSpec, out: TSpec, extras: tuple[TSpec, ...] = (), epil
     bst = _bstrides((bm[0], bm[1][:-2], bm[2][:-2]), oshape[:nb]) + [bm[2][-2], bm[2][-1]]
     va = pb.load(ab, _index(ast, batch + [m, k]))
     vb = pb.load(bb, _index(bst, batch + [k, n]))
-    acc = pb.matmul(va, vb, k)
+    # int8 operands (``_int_mm`` with its epilogue): an exact integer accumulator whose value is
+    # the int32 product's (int64 registers; no int8 x int8 sum over K < 2**17 leaves int32's range)
+    integer = not a[0].is_floating_point
+    acc = pb.matmul(va, vb, k, dtype=torch.int64) if integer else pb.matmul(va, vb, k)
     leaves = {("acc",): acc}
-    ldt = {("acc",): torch.float32}
+    ldt = {("acc",): torch.int32 if integer else torch.float32}
     for i in sorted(_leaves(epilogue, "in")):
         leaves[("in", i)] = pb.load(xbs[i], _index(_bstrides(extras[i], oshape), dims))
         ldt[("in", i)] = extras[i][0]
