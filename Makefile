@@ -105,7 +105,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(PIP) torch==$(TORCH) "setuptools>=68" wheel ninja
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PIP) --no-build-isolation -e ".[test,models,plots]"
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PIP) --no-build-isolation -e ".[test,models,plots,quant]"
 	touch $(STAMP)
 
 clean:
