@@ -95,7 +95,7 @@ bench-serving: $(VLLM_STAMP)
 $(VLLM_STAMP): $(BUILD_INPUTS) $(VLLM_PINS)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) torch==2.13.0 vllm==0.32.0 "setuptools>=68" wheel ninja
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(VLLM_PIP) --no-build-isolation -e ".[test,models,plots]"
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(VLLM_PIP) --no-build-isolation -e ".[test,models,plots,torchao]"
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

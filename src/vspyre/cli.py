@@ -289,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--static-batch", type=int, default=4, help="batch size of the default warmup shape")
     p.add_argument("--startup-warm", action="store_true",
                    help="also start a second engine with the compiler's caches warm and report its compile time")
+    p.add_argument("--quant", default=None,
+                   help="fp8, w8a8 or w4a16 (comma-separated for several): the linears quantised with torchao on the "
+                        "card (vLLM's --additional-config vspyre_quant); served beside the unquantised model")
+    p.add_argument("--no-baseline", action="store_true", help="with --quant: skip the unquantised runs")
     p.add_argument("--hw", default=None, help="hardware preset (torch-spyre, ktir-cpu, card-limit, measured, torch-spyre-2026)")
     p.add_argument("--out", default="vspyre-serve-estimate")
     p.add_argument("--no-plot", action="store_true", help="no latency-throughput PNG")

@@ -111,3 +111,28 @@ def test_the_step_graph_does_not_depend_on_the_kv_cache_size(tiny_models, tmp_pa
     assert first["kv_cache_blocks"] > second["kv_cache_blocks"] > 0
     assert hits >= 1 and second["startup_graphs"] == 1
     assert second["step_kinds"]["decode"]["est_us"] == pytest.approx(first["step_kinds"]["decode"]["est_us"])
+
+
+def test_quantised_serving_side_by_side(tiny_models, tmp_path):
+    """--quant fp8: the unquantised model's runs, then the fp8 model's (torchao on the card, through
+    vLLM's additional_config): smaller weights, a larger KV cache from the same memory, 0 host
+    fallbacks; a scheme the card lacks is refused by name."""
+    pytest.importorskip("torchao")
+    from vspyre.cli import main
+
+    rc = main(["serve-estimate", "--config", str(tiny_models["llama"]) + "/config.json", "--requests", "4",
+               "--prompt", "40", "--output", "3", "--max-num-batched-tokens", "64", "--max-model-len", "256",
+               "--dtype", "bfloat16", "--quant", "fp8", "--backend", "inductor", "--batching", "continuous",
+               "--out", str(tmp_path), "--no-progress", "--no-plot"])
+    assert rc == 0
+    runs = json.loads((tmp_path / "serve-estimate-config.json").read_text())["runs"]
+    assert [(r["quant"], r["backend"]) for r in runs] == [(None, "inductor"), ("fp8", "inductor")]
+    base, fp8 = runs
+    assert fp8["weights_bytes"] < base["weights_bytes"]
+    assert fp8["kv_cache_tokens"] >= base["kv_cache_tokens"]
+    assert all(r["host_fallbacks"] == 0 and r["completed"] == 4 for r in runs)
+    md = (tmp_path / "serve-estimate-config.md").read_text()
+    assert "| fp8 " in md and "**fp8**: float8_e4m3fn" in md
+    with pytest.raises(SystemExit, match="unknown --quant 'int3'"):
+        main(["serve-estimate", "--config", str(tiny_models["llama"]) + "/config.json", "--quant", "int3",
+              "--out", str(tmp_path), "--no-progress"])

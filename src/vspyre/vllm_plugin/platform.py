@@ -21,6 +21,20 @@ DEFAULT_BATCHED_TOKENS = 512    # the prefill chunk (--max-num-batched-tokens), 
 DEFAULT_MAX_SEQS = 32           # the decode batch (--max-num-seqs) when none is given
 
 
+def quant_scheme(vllm_config: Any) -> str | None:
+    """The quantisation the server asked for with ``--additional-config '{"vspyre_quant": "fp8"}'``
+    (vLLM's channel for platform settings): fp8, w8a8 or w4a16 (vspyre.quant: torchao's configs,
+    applied to the model on the card at load), or None."""
+    extra = getattr(vllm_config, "additional_config", None)
+    q = extra.get("vspyre_quant") if isinstance(extra, dict) else None
+    if q is None:
+        return None
+    from ..quant import SCHEMES
+    if q not in SCHEMES:
+        _refuse(f"vspyre_quant {q!r} (the card's schemes: {', '.join(SCHEMES)})")
+    return q
+
+
 def _refuse(what: str) -> None:
     raise UnsupportedModelError(f"vspyre vLLM plugin: {what} is not supported on the spyre card")
 
@@ -89,9 +103,11 @@ class SpyrePlatform(Platform):
             if mc.is_multimodal_model:
                 _refuse(f"multimodal model {mc.architecture!r}")
             if mc.quantization:
-                _refuse(f"quantization {mc.quantization!r}")
+                _refuse(f"vLLM's quantization {mc.quantization!r} (its kernels are CUDA's; the card quantises with "
+                        "torchao: --additional-config '{\"vspyre_quant\": \"fp8\"}' (or w8a8, w4a16)")
             if getattr(mc, "enable_prompt_embeds", False):
                 _refuse("prompt embeddings (--enable-prompt-embeds)")
+        quant_scheme(vllm_config)              # a bad vspyre_quant fails at start-up
         if vllm_config.lora_config is not None:
             _refuse("LoRA (--enable-lora)")
         if vllm_config.speculative_config is not None:

@@ -118,6 +118,8 @@ class SpyreModelRunner:
         self.requests: dict[str, _Request] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.model: torch.nn.Module | None = None
+        self.quant: str | None = None
+        self.weights_bytes: int | None = None     # the model on the card (after quantising)
         self.stats = StepStats()
         self._compiled: Any = None
         n_layers, self.kv_heads, self.head_dim = models.geometry(self.model_config.hf_config)
@@ -136,10 +138,20 @@ class SpyreModelRunner:
     # ------------------------------------------------------------------ model and cache
     def load_model(self) -> None:
         t0 = time.perf_counter()
+        on_card = self.device.type == "spyre"
+        m0 = torch.spyre.memory_allocated(self.device) if on_card else 0
         self.model = models.load(self.model_config.model, self.dtype, self.device, self.model_config.revision,
                                  weights=not self.estimate_only)
-        log.info("vspyre: loaded %s (%s, %s) on %s in %.1f s%s", self.model_config.model,
-                 self.model_config.hf_config.model_type, self.dtype, self.device, time.perf_counter() - t0,
+        from .platform import quant_scheme
+        self.quant = quant_scheme(self.vllm_config)
+        if self.quant is not None:             # the linears quantised on the card (torchao's layouts)
+            from .. import quant
+            with torch.no_grad():
+                quant.quantize(self.model, self.quant)
+        self.weights_bytes = torch.spyre.memory_allocated(self.device) - m0 if on_card else None
+        log.info("vspyre: loaded %s (%s, %s%s) on %s in %.1f s%s", self.model_config.model,
+                 self.model_config.hf_config.model_type, self.dtype,
+                 f", linears quantised {self.quant}" if self.quant else "", self.device, time.perf_counter() - t0,
                  " (estimate-only: from its config, memory accounted, no weights)" if self.estimate_only else "")
 
     def layer_names(self) -> list[str]:

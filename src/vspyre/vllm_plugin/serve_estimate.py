@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import gc
 import json
 import math
@@ -94,6 +95,7 @@ class Engine:
     enable_prefix_caching: bool = False
     dtype: str = "float16"
     gpu_memory_utilization: float | None = None     # None: vLLM's default
+    quant: str | None = None                        # vspyre_quant (vLLM's additional_config): fp8 | w8a8 | w4a16
 
 
 def model_dir(name: str | None = None, config: str | None = None, layers: int | None = None) -> str:
@@ -145,6 +147,7 @@ def _engine(path: str, engine: Engine) -> Any:
     args = EngineArgs(model=path, skip_tokenizer_init=True, dtype=engine.dtype, seed=0,
                       max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
                       max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching,
+                      additional_config={"vspyre_quant": engine.quant} if engine.quant else {},
                       **({"gpu_memory_utilization": engine.gpu_memory_utilization}
                          if engine.gpu_memory_utilization is not None else {}))
     return LLMEngine.from_engine_args(args)
@@ -184,6 +187,7 @@ def run_loads(path: str, backend: str, loads: list[Load], engine: Engine, progre
             runner = llm.collective_rpc("runner_object")[0]
             sc = llm.vllm_config.scheduler_config
             start = {"startup_graphs": runner.stats.graphs, "startup_compile_s": runner.stats.compile_s,
+                     "quant": engine.quant, "weights_bytes": runner.weights_bytes,
                      "engine_startup_s": startup_s, "batching": batching,
                      "kv_cache_blocks": runner.num_blocks, "kv_cache_tokens": runner.num_blocks * runner.block_size,
                      "warmup_shapes": warmup_shapes if batching == "static" else None,
@@ -323,14 +327,16 @@ class Report:
                  f"{e.dtype}; continuous batching: max_num_seqs {e.max_num_seqs}, max_num_batched_tokens "
                  f"{e.max_num_batched_tokens} (the prefill chunk); static batching: the warmup shapes "
                  "(prompt x new tokens x batch), one batch at a time.", "",
-                 "| compiler | batching | qps | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+                 "| compiler | batching | weights | qps | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
                  "| ITL p50 / p99 ms | queue p50 ms | KV use mean / max | preempt | padding | start-up graphs, "
-                 "compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in self.runs:
             strat = r["batching"] + (f" {r['warmup_shapes']}" if r.get("warmup_shapes") else "")
             warm = f" (warm {r['startup_compile_warm_s']:.1f})" if "startup_compile_warm_s" in r else ""
+            wb = r.get("weights_bytes")
+            weights = (r.get("quant") or e.dtype) + (f" {wb / 2**30:.2f} GiB" if wb else "")
             lines.append(
-                f"| {r['backend']} | {strat} | {r['qps']:g} | {r['request_throughput']:.2f} | "
+                f"| {r['backend']} | {strat} | {weights} | {r['qps']:g} | {r['request_throughput']:.2f} | "
                 f"{r['output_throughput']:.1f} | {r['p50_ttft_ms']:.1f} / {r['p99_ttft_ms']:.1f} "
                 f"| {r['p50_tpot_ms']:.2f} / {r['p99_tpot_ms']:.2f} | {r['p50_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} "
                 f"| {r['p50_queue_ms']:.1f} | {100 * r['kv_cache_usage_mean']:.1f}% / {100 * r['kv_cache_usage_max']:.1f}% "
@@ -343,12 +349,27 @@ class Report:
                   "the same process after `torch._dynamo.reset()`, with the on-disk caches kept: Inductor's FX-graph "
                   "and AOTAutograd caches and vspyre's plan cache; the standalone compiler has no compiled-graph "
                   "cache, so its warm start-up re-compiles)."]
-        kv = sorted({(r["backend"], r["batching"], r.get("kv_cache_tokens")) for r in self.runs if r.get("kv_cache_tokens")})
+        kv = sorted({(r["backend"], r["batching"], r.get("quant") or e.dtype, r.get("kv_cache_tokens"))
+                     for r in self.runs if r.get("kv_cache_tokens")})
         if kv:
             lines.append("")
             lines.append("KV cache (tokens, from the card's memory less the weights and the largest step): "
-                         + "; ".join(f"{b} {k}: {t:,}" for b, k, t in kv) + ".")
+                         + "; ".join(f"{b} {k} {w}: {t:,}" for b, k, w, t in kv) + ".")
+        if any(r.get("quant") for r in self.runs):
+            from ..quant import describe
+            lines.append("")
+            lines.append("Weights: the model's dtype, or its linears quantised on the card with torchao "
+                         "(vspyre.quant; vLLM's `--additional-config '{\"vspyre_quant\": ...}'`): "
+                         + "; ".join(f"**{q}**: {describe(q, torch_dtype(e.dtype))['weights']}, "
+                                     f"{describe(q, torch_dtype(e.dtype))['matmul']}"
+                                     for q in dict.fromkeys(r["quant"] for r in self.runs if r.get("quant")))
+                         + f"; the LM head, embeddings and the KV cache stay {e.dtype}.")
         return "\n".join(lines) + "\n"
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+    return getattr(torch, name)
 
 
 def _span(x: tuple[int, int]) -> str:
@@ -412,18 +433,27 @@ def main(opts: Any) -> int:
     shapes = opts.warmup_shapes or default_warmup_shapes(loads[0], opts.static_batch)
     static.parse(shapes)                      # a bad shape fails before any engine starts
     report = Report(label, engine, loads[0])
+    # --quant A[,B]: the model as it is first (unless --no-baseline), then each scheme, every strategy
+    quants = [q.strip() for q in (getattr(opts, "quant", None) or "").split(",") if q.strip()]
+    from ..quant import SCHEMES
+    bad = [q for q in quants if q not in SCHEMES]
+    if bad:
+        raise SystemExit(f"vspyre serve-estimate: unknown --quant {bad[0]!r}; one of {', '.join(SCHEMES)}")
+    variants = ([None] if not quants or not getattr(opts, "no_baseline", False) else []) + quants
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=opts.no_progress) as bar:
-        for b, batching in strategies(backends, opts.batching):
-            task = bar.add_task(f"{label} {b} {batching} ({len(loads)} rate{'s' * (len(loads) > 1)}): requests done",
-                                total=None)
-            done: list[int] = []
+        for q in variants:
+            eng = dataclasses.replace(engine, quant=q)
+            for b, batching in strategies(backends, opts.batching):
+                task = bar.add_task(f"{label}{' ' + q if q else ''} {b} {batching} ({len(loads)} "
+                                    f"rate{'s' * (len(loads) > 1)}): requests done", total=None)
+                done: list[int] = []
 
-            def step(n: int, k: int, t: Any = task, done: list = done) -> None:
-                bar.update(t, total=n * len(loads), completed=sum(done) + k)
-                if k == n:
-                    done.append(n)
-            report.runs.extend(run_loads(path, b, loads, engine, step, batching, shapes, opts.startup_warm))
+                def step(n: int, k: int, t: Any = task, done: list = done) -> None:
+                    bar.update(t, total=n * len(loads), completed=sum(done) + k)
+                    if k == n:
+                        done.append(n)
+                report.runs.extend(run_loads(path, b, loads, eng, step, batching, shapes, opts.startup_warm))
     os.makedirs(opts.out, exist_ok=True)
     base = os.path.join(opts.out, f"serve-estimate-{os.path.basename(label).removesuffix('.json')}")
     with open(base + ".json", "w") as f:
