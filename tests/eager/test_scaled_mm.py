@@ -219,9 +219,9 @@ def test_compiled_quantised_linear_runs_on_the_card(backend):
     torch.testing.assert_close(got[0].cpu(), ref[0], **TOL[torch.bfloat16])
     assert torch.equal(got[1].cpu(), ref[1])
     names = [k.name for k in prof.kernels]
-    assert "scaled_mm" in names
-    # the + 1 is the int8 matmul's epilogue, in the same kernel (Inductor: a native matmul; the
-    # standalone compiler: its linear_act pattern)
+    # Inductor: both are native matmuls, the relu * 2 and the + 1 their epilogues, in the same kernel
+    assert ("spyre_red_fused__scaled_mm_mul_relu_0" if backend == "inductor" else "scaled_mm") in names
+    # the standalone compiler: the + 1 joins the int8 matmul by its linear_act pattern
     assert ("spyre_red_fused__int_mm_add_t_1" if backend == "inductor" else "_int_mm_act") in names
     assert torch.spyre.fallback_stats() == {}
     if backend == "inductor":

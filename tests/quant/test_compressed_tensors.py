@@ -166,7 +166,17 @@ def test_fp8_checkpoint_on_the_card(path, checkpoint, reference):
     # each linear is one fp8 _scaled_mm program on the card: eager kernels in eager mode, the
     # compilers' kernels when compiled
     kernels = [k.name for k in prof.kernels]
-    assert kernels.count("scaled_mm") == N_LINEARS, f"{path}: {kernels}"
+    if path == "inductor":
+        # Inductor lowers _scaled_mm as a native matmul and fuses around it (the activations'
+        # quantisation, even the RMSNorm before it, as its prologue; the scales as its epilogue):
+        # every linear's flops are in kernels built from a _scaled_mm
+        names = set(fp8_linears(m))
+        lin = sum(2 * IDS.numel() * mod.in_features * mod.out_features
+                  for n, mod in m.named_modules() if n in names)
+        fused = sum(k.flops for k in prof.kernels if "_scaled_mm" in k.name)
+        assert len(names) == N_LINEARS and lin > 0 and fused >= lin, f"{path}: {kernels}"
+    else:
+        assert kernels.count("scaled_mm") == N_LINEARS, f"{path}: {kernels}"
     if path == "eager":
         assert torch.spyre.eager_kernel_stats()["calls"].get("aten::_scaled_mm") == N_LINEARS
     rel = _rel(got.cpu(), reference)

@@ -554,8 +554,29 @@ def _scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, sca
     if scale_result is not None or not all(_on_spyre(t) for t in ins) or not (
             odt in library.SCALED_MM_OUT or odt in fp8_dtypes()):
         return None
-    return _library_node("scaled_mm", {"bias": bias is not None}, ins, [a.get_size()[0], b.get_size()[1]], odt,
-                         a.get_device())
+    if odt in fp8_dtypes():    # an fp8 result: the library program (one rounding to fp8 at the store)
+        return _library_node("scaled_mm", {"bias": bias is not None}, ins, [a.get_size()[0], b.get_size()[1]], odt,
+                             a.get_device())
+    # a 16/32-bit result: a native matmul (ops.dot of the fp8 operands as stored, an fp32 result at
+    # the fp8 rate) whose scales, bias and cast are pointwise ops Inductor fuses into its epilogue,
+    # planned like every other matmul (and the activations' quantisation may fuse as its prologue)
+    from ..compat import inductor_ir as ir, inductor_lowering, ops
+    L = inductor_lowering.lowerings
+    aten = torch.ops.aten
+    (m, k), (_, n) = a.get_size(), b.get_size()
+    a_load, b_load = a.make_loader(), b.make_loader()
+
+    def inner_fn(idx: Any, ridx: Any) -> Any:
+        (i, j), (r,) = idx, ridx
+        return ops.dot(a_load([i, r]), b_load([r, j]))
+
+    acc = ir.Reduction.create(device=a.get_device(), dst_dtype=torch.float32, src_dtype=a.get_dtype(),
+                              inner_fn=inner_fn, ranges=[m, n], reduction_ranges=[k], reduction_type="dot")
+    acc.realize()
+    y = L[aten.mul.Tensor](L[aten.mul.Tensor](acc, scale_a), scale_b)
+    if bias is not None:
+        y = L[aten.add.Tensor](y, inductor_lowering.to_dtype(bias, torch.float32))
+    return inductor_lowering.to_dtype(y, odt)
 
 
 def _int_mm(a: Any, b: Any) -> Any | None:
