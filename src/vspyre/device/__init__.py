@@ -59,7 +59,8 @@ def _patch_tensor_printing() -> None:
 
     torch's formatter converts values to float64 on the tensor's own device, a dtype the card
     does not have; formatting the host copy gives the same text (the device suffix is added by
-    torch as usual) and runs no device ops.
+    torch as usual) and runs no device ops. A tensor without values (estimate-only mode) prints
+    as ``tensor([no values: estimate-only, size (3, 4)], device='spyre:0', dtype=...)``.
     """
     from ..compat import tensor_str as ts
 
@@ -67,6 +68,10 @@ def _patch_tensor_printing() -> None:
 
     def _tensor_str(self: torch.Tensor, indent: int) -> str:
         if self.device.type == "spyre":
+            if self.numel() and not _C._has_values(self):
+                # estimate-only mode: nothing to show, and printing must not fail (libraries look
+                # at a tensor's repr: torchao's int8 matmul tests it for "FakeTensor")
+                return f"[no values: estimate-only, size {tuple(self.shape)}]"
             self = self.detach().cpu()
         return orig(self, indent)
 

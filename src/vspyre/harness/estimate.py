@@ -690,7 +690,9 @@ def quant_comparison(reports: list[dict[str, Any]]) -> str:
     lines = [f"# vspyre estimate: {base['model']}, {' vs '.join(_label(r) for r in reports)}", "",
              f"Batch {base['batch']}, prompt {base['prompt']}, {base['new_tokens']} new tokens; hardware preset "
              f"`{base['hw']}` (the fp8/int8 systolic rate is its `matmul_speedup`, docs/hardware.md); torch "
-             f"{base['torch']}; {base['mode']}. Quantised with torchao (vspyre.quant); the LM head, embeddings, norms "
+             f"{base['torch']}; {base['mode']}; times are device time (the host's overhead per launch, "
+             f"{base.get('host_overhead_us', 0):.0f} us on this preset, is in each report's own table). Quantised with "
+             "torchao (vspyre.quant); the LM head, embeddings, norms "
              f"and KV cache stay {base['dtype']}. Ratios (x) are against {base['dtype']}: memory is smaller by, "
              "times are faster by.", ""]
     for r in reports[1:]:
