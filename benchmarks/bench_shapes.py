@@ -58,12 +58,34 @@ class Case:
     kind: str                      # gemm | decode_gemm | attention | decode_attention | norm | conv
     make: Callable[[], tuple[Callable, list[torch.Tensor]]] = field(repr=False)
     dynamic: bool = True           # compile once per kind (sizes are planned per call anyway)
+    dtype: str = "fp16"            # fp16 | fp8 | int8 (the quantised GEMMs: --dtypes)
+    weights: tuple[int, ...] | None = None   # which inputs are parameters (default: all but the first)
+    mkn: tuple[int, int, int] | None = None  # an LLM linear's sizes (its 8-bit variants are built from them)
 
 
 def _linear(m: int, k: int, n: int) -> Callable:
     def make():
         x, w = torch.randn(m, k, dtype=H16) * 0.1, torch.randn(n, k, dtype=H16) * 0.05
         return (lambda x, w: F.linear(x, w)), [x, w]
+    return make
+
+
+E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
+def _qlinear(m: int, k: int, n: int, dt: str) -> Callable:
+    """The quantised linear as a W8A8 model runs it, activations already quantised (per token)
+    and weights per channel: fp8 ``torch._scaled_mm`` with both scales in its epilogue and a 16-bit
+    result; int8 ``torch._int_mm`` (int32 result) then the dequantisation, as torchao writes it."""
+    def make():
+        g = torch.Generator().manual_seed(0)
+        sa, sb = torch.rand(m, 1, generator=g) * 0.01 + 0.01, torch.rand(1, n, generator=g) * 0.01 + 0.01
+        if dt == "fp8":
+            x, w = (torch.randn(m, k, generator=g) * 2).to(E4M3), (torch.randn(n, k, generator=g) * 2).to(E4M3)
+            return (lambda x, w, sa, sb: torch._scaled_mm(x, w.t(), sa, sb, out_dtype=H16)), [x, w, sa, sb]
+        x = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        return (lambda x, w, sa, sb: (torch._int_mm(x, w.t()).float() * sa * sb).to(H16)), [x, w, sa, sb]
     return make
 
 
@@ -113,14 +135,30 @@ def llm_cases(group: str, hidden: int, inter: int, heads: int, kv: int, hd: int)
            ("down_proj", inter, hidden)]
     for seq in (128, 512, 2048):
         for name, k, n in lin:
-            out.append(Case(group, f"{name} prefill {seq}", "gemm", _linear(seq, k, n)))
+            out.append(Case(group, f"{name} prefill {seq}", "gemm", _linear(seq, k, n), mkn=(seq, k, n)))
         out.append(Case(group, f"attention prefill {seq}", "attention", _attn(1, heads, kv, seq, seq, hd, True)))
         out.append(Case(group, f"rmsnorm prefill {seq}", "norm", _rms(seq, hidden)))
     for batch in (1, 8, 32):
         for name, k, n in lin:
-            out.append(Case(group, f"{name} decode b{batch}", "decode_gemm", _linear(batch, k, n)))
+            out.append(Case(group, f"{name} decode b{batch}", "decode_gemm", _linear(batch, k, n),
+                            mkn=(batch, k, n)))
         out.append(Case(group, f"attention decode b{batch} kv2048", "decode_attention",
                         _attn(batch, heads, kv, 1, 2048, hd, True)))
+    return out
+
+
+def quant_cases(cases: list[Case], dtypes: list[str]) -> list[Case]:
+    """For every LLM GEMM among ``cases`` (prefill and decode), the same shape in each 8-bit dtype
+    of ``dtypes``, right after its fp16 row."""
+    out = []
+    for c in cases:
+        out.append(c)
+        if c.mkn is None:
+            continue
+        m, k, n = c.mkn
+        for dt in dtypes:
+            if dt != "fp16":
+                out.append(Case(c.group, c.name, c.kind, _qlinear(m, k, n, dt), dtype=dt, weights=(1, 3)))
     return out
 
 
@@ -188,7 +226,7 @@ def _compiled_fn(case: Case, fn: Callable, backend: str) -> Callable:
     if not case.dynamic:
         torch._dynamo.reset()
         return torch.compile(fn, backend=backend, dynamic=False) if backend != "inductor" else torch.compile(fn, dynamic=False)
-    key = (case.group, case.kind, case.name.split()[0], backend)
+    key = (case.group, case.kind, case.name.split()[0], case.dtype, backend)
     c = _compiled.get(key)
     if c is None:
         c = torch.compile(fn, backend=backend, dynamic=True) if backend != "inductor" else torch.compile(fn, dynamic=True)
@@ -202,6 +240,7 @@ class Row:
     name: str
     kind: str
     backend: str
+    dtype: str = "fp16"
     est_us: float = 0.0
     roofline_us: float = 0.0
     once_us: float = 0.0
@@ -227,7 +266,7 @@ def _on_card(case: Case, args: list[torch.Tensor]) -> tuple[list[torch.Tensor], 
     (a re-layout of an activation is then paid on every call, as in the model)."""
     dargs = [a.to("spyre") for a in args]
     attention = case.kind in ("attention", "decode_attention")
-    weights = set() if attention else set(range(1, len(args)))
+    weights = set(case.weights) if case.weights is not None else set() if attention else set(range(1, len(args)))
     dargs = [torch.nn.Parameter(t, requires_grad=False) if i in weights else t for i, t in enumerate(dargs)]
 
     def fresh() -> None:
@@ -238,7 +277,7 @@ def _on_card(case: Case, args: list[torch.Tensor]) -> tuple[list[torch.Tensor], 
 
 
 def estimate(case: Case, backend: str) -> Row:
-    row = Row(case.group, case.name, case.kind, backend)
+    row = Row(case.group, case.name, case.kind, backend, case.dtype)
     try:
         fn, args = case.make()
         dargs, fresh = _on_card(case, args)
@@ -312,24 +351,28 @@ def _markdown(path: str, rows: list[Row], lines: list[str], elapsed: float, args
 
     from vspyre import hardware
     cfg = hardware.get_config()
-    out = [f"# Real shapes on the card: `benchmarks/bench_shapes.py`", "",
+    out = [f"# Real shapes on the card: `benchmarks/bench_shapes.py`"
+           + (f" ({args.dtypes})" if args.dtypes != "fp16" else ""), "",
            f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {__import__('os').cpu_count()} "
-           f"CPUs, torch {torch.__version__}, hardware preset `{cfg.name}`, functional runs: {args.functional} "
+           f"CPUs, torch {torch.__version__}, hardware preset `{cfg.name}` (8-bit systolic rate: "
+           f"{cfg.matmul_speedup(torch.int8):g}x fp16's), dtypes {args.dtypes}, functional runs: {args.functional} "
            f"(the smallest and the largest shape of each kind per group when sampled), {elapsed / 60:.1f} min.",
-           "Regenerate with `.venv/bin/python benchmarks/bench_shapes.py --markdown docs/real-shapes.md`.", "",
+           "Regenerate with `.venv/bin/python benchmarks/bench_shapes.py "
+           + (f"--groups {args.groups} --dtypes {args.dtypes} " if args.dtypes != "fp16" else "")
+           + f"--markdown {path}`.", "",
            "## Summary", ""]
     out += [f"- {ln}" for ln in lines]
     out += ["", "## Every shape", "",
             "est./roofline in us for one steady-state call; eff = roofline / est.; one-time = a weight's "
             "re-layout, paid once; DMA/c = bytes moved / compulsory bytes; wall/CPU = functional wall time "
             "of the compiled call / the same torch ops on the CPU (sampled shapes).", "",
-            "| group | shape | compiler | est. us | roofline us | eff | one-time us | DMA/c | kernels | wall/CPU "
+            "| group | shape | dtype | compiler | est. us | roofline us | eff | one-time us | DMA/c | kernels | wall/CPU "
             "| schedule of the largest kernel |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r.dma_bytes / r.compulsory_bytes:.2f}" if r.compulsory_bytes else "-"
         wall = f"{r.wall_ms / r.cpu_ms:.2f}" if r.wall_ms and r.cpu_ms else ""
-        out.append(f"| {r.group} | {r.name} | {'inductor' if r.backend == 'inductor' else 'standalone'} | "
+        out.append(f"| {r.group} | {r.name} | {r.dtype} | {'inductor' if r.backend == 'inductor' else 'standalone'} | "
                    f"{r.est_us:.1f} | {r.roofline_us:.1f} | {r.eff:.2f} | {r.once_us:.0f} | {ratio} | {r.kernels} | "
                    f"{wall} | {(r.error or r.schedule).replace('|', '/')} |")
     with open(path, "w") as fh:
@@ -350,6 +393,9 @@ def main() -> int:
     ap.add_argument("--markdown", default=None, help="write the table and the summary as Markdown (docs/real-shapes.md)")
     ap.add_argument("--hw", default=None, help="hardware preset (default: the active one, VSPYRE_HW)")
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--dtypes", default="fp16",
+                    help="fp16 and/or the 8-bit GEMMs: fp8 (_scaled_mm), int8 (_int_mm + dequantisation); the 8-bit "
+                         "rows are the LLM linears' shapes, each beside its fp16 row")
     args = ap.parse_args()
     # Weights are parameters, and Dynamo keeps a parameter's shape static: one graph per distinct
     # weight shape (~20 here) of the same lambda. Past the recompile limit Dynamo would run the call
@@ -365,6 +411,14 @@ def main() -> int:
         hardware.set_config(hardware.PRESETS[args.hw])
     groups = all_cases()
     cases = [c for g in args.groups.split(",") for c in groups[g.strip()]]
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in ("fp16", "fp8", "int8")]
+    if bad or (("fp8" in dtypes) and E4M3 is None):
+        ap.error(f"--dtypes: fp16, fp8, int8 (this torch {'has no fp8' if not bad else 'got ' + ','.join(bad)})")
+    if dtypes != ["fp16"]:
+        cases = quant_cases(cases, dtypes)
+        if "fp16" not in dtypes:
+            cases = [c for c in cases if c.dtype != "fp16"]
     backends = [b.strip() for b in args.backends.split(",")]
     sample = set() if args.functional == "none" else (
         {c.name for c in cases} if args.functional == "all" else _sampled(cases))
@@ -382,21 +436,22 @@ def main() -> int:
                 prog.advance(task)
     elapsed = time.time() - t_start
     con = Console(width=200)
-    t = Table(title=f"real shapes on the card (fp16), {len(cases)} shapes x {len(backends)} compilers, "
+    t = Table(title=f"real shapes on the card ({', '.join(dtypes)}), {len(cases)} shapes x {len(backends)} compilers, "
                     f"{elapsed / 60:.1f} min")
-    for col in ("group", "shape", "compiler", "est. us", "roofline us", "eff", "one-time us", "DMA/compulsory",
+    for col in ("group", "shape", "dtype", "compiler", "est. us", "roofline us", "eff", "one-time us", "DMA/compulsory",
                 "kernels", "fallbacks", "wall/CPU", "max err", "schedule of the largest kernel / error"):
         t.add_column(col, overflow="fold")
     for r in rows:
         short = "inductor" if r.backend == "inductor" else "standalone"
         ratio = f"{r.dma_bytes / r.compulsory_bytes:.2f}" if r.compulsory_bytes else "-"
         wall = f"{r.wall_ms / r.cpu_ms:.2f}" if r.wall_ms and r.cpu_ms else "-"
-        t.add_row(r.group, r.name, short, f"{r.est_us:.1f}", f"{r.roofline_us:.1f}", f"{r.eff:.2f}",
+        t.add_row(r.group, r.name, r.dtype, short, f"{r.est_us:.1f}", f"{r.roofline_us:.1f}", f"{r.eff:.2f}",
                   f"{r.once_us:.0f}" if r.once_us else "", ratio, str(r.kernels), str(r.fallbacks), wall,
                   f"{r.max_err:.3g}" if r.max_err is not None else "", r.error or r.schedule)
     con.print(t)
 
-    ok = [r for r in rows if not r.error]
+    allok = [r for r in rows if not r.error]
+    ok = [r for r in allok if r.dtype == "fp16"]          # the fp16 summary; the 8-bit lines follow
 
     def g(kind: str, be: str | None = None, groups_: tuple = ()) -> float:
         return geomean([r.eff for r in ok if r.kind == kind and (be is None or r.backend == be)
@@ -411,7 +466,7 @@ def main() -> int:
                      f" at seq 2048; decode attention {g('decode_attention', be):.2f}; conv {g('conv', be):.2f}; "
                      f"norms {g('norm', be):.2f}")
     pairs = {}
-    for r in ok:
+    for r in ok:                      # fp16 rows
         if r.kind in ("gemm", "decode_gemm", "conv") and r.est_us > 0 and not r.fallbacks:
             pairs.setdefault((r.group, r.name), {})[r.backend] = r.est_us
     worse = [(k, v["inductor"] / v["spyre_standalone"]) for k, v in pairs.items()
@@ -419,9 +474,21 @@ def main() -> int:
     lines.append(f"inductor vs standalone on GEMMs/convs (est. time): geomean "
                  f"{geomean([v['inductor'] / v['spyre_standalone'] for v in pairs.values() if len(v) == 2]):.3f}, "
                  f"worse on {len(worse)} of {len(pairs)}" + (f": {worse[:4]}" if worse else ""))
-    walls = [r.wall_ms / r.cpu_ms for r in ok if r.wall_ms and r.cpu_ms]
+    walls = [r.wall_ms / r.cpu_ms for r in allok if r.wall_ms and r.cpu_ms]
     lines.append(f"functional wall / CPU: geomean {geomean(walls):.2f}, max {max(walls) if walls else float('nan'):.2f} "
                  f"over {len(walls)} sampled runs ({args.functional})")
+    fp16 = {(r.group, r.name, r.backend): r.est_us for r in ok if r.kind in ("gemm", "decode_gemm") and r.est_us}
+    for dt in [d for d in dtypes if d != "fp16"]:
+        for be in backends:
+            parts = []
+            for kind, label in (("gemm", "prefill GEMM"), ("decode_gemm", "decode GEMM")):
+                rs = [r for r in allok if r.dtype == dt and r.backend == be and r.kind == kind and r.est_us]
+                sp = [fp16[(r.group, r.name, be)] / r.est_us for r in rs if (r.group, r.name, be) in fp16]
+                parts.append(f"{label} eff geomean {geomean([r.eff for r in rs]):.2f}, speed-up over fp16 geomean "
+                             f"{geomean(sp):.2f} (min {min(sp) if sp else float('nan'):.2f}, max "
+                             f"{max(sp) if sp else float('nan'):.2f}; goal >= 1.8) over {len(sp)} shapes")
+            lines.append(f"{dt} {be}: " + "; ".join(parts))
+    ok = allok
     fell = [f"{r.backend}: {r.name}" for r in ok if r.fallbacks]
     lines.append(f"failed: {len(rows) - len(ok)} of {len(rows)}; with host fallbacks: {len(fell)}"
                  + (f" ({', '.join(fell[:6])})" if fell else ""))
