@@ -449,7 +449,8 @@ def scaled_mm(a: Spec, b: Spec, out: Spec, scales: tuple[Spec, ...] = (), bias: 
     ``HardwareConfig.matmul_speedup``), fp32 accumulation, the two scales (per tensor or per row of
     ``a`` / column of ``b``) and the bias given as views broadcast to ``out``'s shape (stride 0
     along the dims they do not vary in, so each moves only its own bytes), the result rounded
-    once to ``out``'s dtype at the store. ``torch._int_mm``: int8 operands at the int8 rate, no
+    once to ``out``'s dtype at the store (an e4m3fn result beyond its range is NaN when ``a`` and
+    ``b`` share a dtype, as PyTorch's ``_scaled_mm`` gives, where the cast saturates). ``torch._int_mm``: int8 operands at the int8 rate, no
     scales, an exact integer accumulator (int64 in registers; an int32 ``out`` keeps its low 32
     bits, as int32 accumulation would)."""
     pb = ProgramBuilder(name, source=source)
@@ -467,6 +468,11 @@ def scaled_mm(a: Spec, b: Spec, out: Spec, scales: tuple[Spec, ...] = (), bias: 
         acc = pb.mul(acc, pb.load(sb_, _idx(s[2], [m, n])))
     if biasb is not None:
         acc = pb.add(acc, pb.load(biasb, _idx(bias[2], [m, n])))
+    if out[0] == torch.float8_e4m3fn and a[0] == b[0]:
+        # PyTorch's _scaled_mm on operands of one fp8 dtype (its oneDNN kernel) does not saturate
+        # an e4m3fn result as the cast does: past the rounding range (|x| > 464) it is NaN; mixed
+        # operands saturate (the cast); an e5m2 result overflows to inf either way
+        acc = pb.where(pb.gt(pb.abs(acc), pb.const(464.0)), pb.const(float("nan")), acc)
     pb.store(ob, _idx(out[2], [m, n]), acc)
     return pb.build()
 
