@@ -24,10 +24,6 @@ FP8 = sorted({name for name, o in _OPS.items()
               if any(dt in o.supported_dtypes("cpu") for dt in hardware.fp8_dtypes())})
 
 
-def _op(name):
-    return _OPS[name]
-
-
 CASES = [pytest.param(name, torch.int8, mode, id=f"{name}-int8-{mode}")
          for name in INT8 for mode in MODES]
 CASES += [pytest.param(name, dt, mode, id=f"{name}-{str(dt)[6:]}-{mode}")
@@ -38,7 +34,7 @@ CASES += [pytest.param(name, dt, mode, id=f"{name}-{str(dt)[6:]}-{mode}")
 @pytest.mark.parametrize("name,dtype,mode", CASES)
 def test_op_conformance_8bit(name, dtype, mode):
     torch._dynamo.config.cache_size_limit = 64
-    op = _op(name)
+    op = _OPS[name]
     assert dtype in op.supported_dtypes("cpu")
     # eye's first 10 samples are 0 x n: take enough to compare non-empty fp8 matrices
     n = (30 if mode == "eager" else 11) if name == "eye" else (3 if mode == "eager" else 1)

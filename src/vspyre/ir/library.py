@@ -450,9 +450,9 @@ def scaled_mm(a: Spec, b: Spec, out: Spec, scales: tuple[Spec, ...] = (), bias: 
     ``a`` / column of ``b``) and the bias given as views broadcast to ``out``'s shape (stride 0
     along the dims they do not vary in, so each moves only its own bytes), the result rounded
     once to ``out``'s dtype at the store (an e4m3fn result beyond its range is NaN when ``a`` and
-    ``b`` share a dtype, as PyTorch's ``_scaled_mm`` gives, where the cast saturates). ``torch._int_mm``: int8 operands at the int8 rate, no
-    scales, an exact integer accumulator (int64 in registers; an int32 ``out`` keeps its low 32
-    bits, as int32 accumulation would)."""
+    ``b`` share a dtype, as PyTorch's ``_scaled_mm`` gives, where the cast saturates).
+    ``torch._int_mm``: int8 operands at the int8 rate, no scales, an exact integer accumulator
+    (int64 in registers; an int32 ``out`` keeps its low 32 bits, as int32 accumulation would)."""
     pb = ProgramBuilder(name, source=source)
     ab = pb.input("a", *a)
     bb = pb.input("b", *b)
