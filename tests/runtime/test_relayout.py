@@ -78,3 +78,17 @@ def test_the_copy_is_device_memory_allocated_at_the_first_read_as_stored():
     del w
     assert relayout.stats()["entries"] == 0                         # swept with its tensor
     assert torch.spyre.memory_allocated() == before - nbytes
+
+
+def test_stats_within_counts_only_the_given_tensors_storages():
+    _fresh()
+    w = torch.zeros(64, 32, dtype=torch.float16)                    # a weight
+    k = torch.zeros(1, 2, 16, 64, dtype=torch.float16)              # an activation a caller still holds
+    qkv = torch.zeros(3 * 64, 32, dtype=torch.float16)
+    for t, stick in ((w, 32), (k, 128), (qkv[64:128], 32)):
+        assert not relayout.lookup(t, t.numel(), stick, t.numel() * 2)
+    relayout.read(qkv[64:128], 64 * 32)                             # given its copy
+    s = relayout.stats(within=[w, qkv])                             # a view's entry belongs to its storage
+    assert (s["entries"], s["in_place_bytes"], s["copies"], s["bytes"]) == (2, 4096, 1, 4096)
+    assert relayout.stats()["in_place_bytes"] == 2 * 4096
+    assert relayout.stats(within=[])["entries"] == 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -119,15 +119,22 @@ def quantize(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_hea
     return len(todo)
 
 
+def inner_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors holding a (possibly torchao-quantised) tensor's bytes: its inner tensors,
+    recursively, or the tensor itself."""
+    inner = t.data if isinstance(t, torch.nn.Parameter) else t
+    if type(inner) is not torch.Tensor and hasattr(inner, "__tensor_flatten__"):
+        names, _ = inner.__tensor_flatten__()
+        for n in names:
+            if isinstance(getattr(inner, n), torch.Tensor):
+                yield from inner_tensors(getattr(inner, n))
+    else:
+        yield t
+
+
 def stored_bytes(t: torch.Tensor) -> int:
     """Bytes a (possibly torchao-quantised) tensor holds: the sum over its inner tensors."""
-    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter) \
-            or (isinstance(t, torch.nn.Parameter) and hasattr(t.data, "__tensor_flatten__")
-                and type(t.data) is not torch.Tensor):
-        inner = t.data if isinstance(t, torch.nn.Parameter) else t
-        names, _ = inner.__tensor_flatten__()
-        return sum(stored_bytes(getattr(inner, n)) for n in names if getattr(inner, n) is not None)
-    return t.numel() * t.element_size()
+    return sum(i.numel() * i.element_size() for i in inner_tensors(t))
 
 
 _linear_cache: dict[tuple, int] = {}

@@ -36,6 +36,7 @@ memory holds a second layout only for tensors read both ways.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -173,13 +174,16 @@ def clear() -> None:
         _in_place.clear()
 
 
-def stats() -> dict:
+def stats(within: Iterable[torch.Tensor] | None = None) -> dict:
     """Entries; ``bytes`` held by re-laid copies (device memory beyond the tensors themselves) and
     their count ``copies``; tensors re-laid in place (``in_place``, ``in_place_bytes``: no memory
-    of their own); hits and misses since start."""
+    of their own); hits and misses since start. ``within``: count only the entries of these
+    tensors' storages (a model's weights, not the activations a caller still holds)."""
+    keys = None if within is None else {_storage_key(t) for t in within}
     with _lock:
         _sweep()
-        copies = [e.nbytes for e in _cache.values() if not e.in_place]
-        return {"entries": len(_cache), "bytes": sum(copies), "copies": len(copies),
-                "in_place": len(_cache) - len(copies),
-                "in_place_bytes": sum(e.nbytes for e in _cache.values() if e.in_place), **_counts}
+        entries = [e for k, e in _cache.items() if keys is None or k[0] in keys]
+        copies = [e.nbytes for e in entries if not e.in_place]
+        return {"entries": len(entries), "bytes": sum(copies), "copies": len(copies),
+                "in_place": len(entries) - len(copies),
+                "in_place_bytes": sum(e.nbytes for e in entries if e.in_place), **_counts}
