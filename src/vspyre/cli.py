@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="regional: the decoder layer compiled once and reused for every layer (default); "
                         "whole: the model as one graph")
     p.add_argument("--quant", default=None,
-                   help="fp8, w8a8 or w4a16 (comma-separated for several): the linears quantised with torchao; "
-                        "estimated beside the unquantised model, side by side (estimate-<model>-quant.md)")
+                   help="fp8, fp8-static, w8a8 or w4a16 (comma-separated for several): the linears quantised with "
+                        "torchao (fp8-static: activation scales calibrated on random token ids, right for cost, not "
+                        "accuracy); estimated beside the unquantised model, side by side (estimate-<model>-quant.md)")
     p.add_argument("--no-baseline", action="store_true", help="with --quant: skip the unquantised estimate")
     p.add_argument("--out", default="vspyre-estimate", help="directory for estimate-<model>.json and .md")
     p.add_argument("--no-progress", action="store_true")

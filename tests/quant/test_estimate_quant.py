@@ -1,4 +1,4 @@
-"""`vspyre estimate --quant fp8|w8a8|w4a16`: quantised weights' memory (predicted from the config
+"""`vspyre estimate --quant fp8|fp8-static|w8a8|w4a16`: quantised weights' memory (predicted from the config
 equals what the card holds), their times against the unquantised model, side by side; the same
 figures estimate-only and functional."""
 
@@ -33,7 +33,7 @@ def _figures(r: dict) -> dict:
             "fallbacks": (b["prefill"]["fallbacks"], [s["fallbacks"] for s in b["decode"]])}
 
 
-@pytest.mark.parametrize("scheme", ["fp8", "w8a8"])
+@pytest.mark.parametrize("scheme", ["fp8", "fp8-static", "w8a8"])
 def test_quantised_estimate_only_gives_the_figures_of_a_functional_run(tiny_config, scheme):
     opts = dict(config=tiny_config, prompt=32, new_tokens=4, kv=(32,), backends=("inductor",), dtype="bfloat16",
                 quant=scheme, warm=False)
@@ -73,6 +73,11 @@ def test_at_a_real_width_fp8_decodes_faster(tmp_path):
     base = E.estimate(E.Options(**opts), progress=False)["backends"]["inductor"]
     fp8 = E.estimate(E.Options(**opts, quant="fp8"), progress=False)["backends"]["inductor"]
     assert fp8["decode"][0]["est_us"] < 0.8 * base["decode"][0]["est_us"]
+    # static activation scales: no per-token amax before the linears, so a cheaper prefill, fewer kernels
+    static = E.estimate(E.Options(**opts, quant="fp8-static"), progress=False)["backends"]["inductor"]
+    assert static["prefill"]["est_us"] < fp8["prefill"]["est_us"]
+    assert static["prefill"]["launches"] < fp8["prefill"]["launches"]
+    assert static["decode"][0]["est_us"] < 0.8 * base["decode"][0]["est_us"]
 
 
 def test_cli_quant_writes_each_report_and_the_comparison(tiny_config, tmp_path, capsys):
@@ -92,7 +97,7 @@ def test_cli_quant_writes_each_report_and_the_comparison(tiny_config, tmp_path, 
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--quant", "int3"], "unknown --quant 'int3'; one of fp8, w8a8, w4a16"),
+    (["--quant", "int3"], "unknown --quant 'int3'; one of fp8, fp8-static, w8a8, w4a16"),
     (["--quant", "fp8", "--tp", "2"], "quantised weights are not split over cards yet"),
 ])
 def test_bad_quant_input_is_one_line(tiny_config, tmp_path, capsys, argv, message):

@@ -1,12 +1,20 @@
 """Quantised models on the card, through torchao (the ecosystem's quantisation library).
 
-Three schemes, the ones the real stack serves (``../shared/spyre-hardware.md``):
+Four schemes, those of the real stack (``../shared/spyre-hardware.md``):
 
 * ``fp8``   - fp8 (e4m3) weights, one scale per output channel, and fp8 activations quantised per
   token at run time: torchao's ``Float8DynamicActivationFloat8WeightConfig`` per row, the layout
-  of the FP8 Granite checkpoints (torchao takes per-row scales for bfloat16 weights only: a
-  float16 model gets one scale per tensor, the same bytes and kernels to within the scales). Every linear is ``torch._scaled_mm``: the card's fp8 systolic
-  matmul with the scales in its epilogue.
+  of llm-compressor's ``FP8_DYNAMIC`` checkpoints (torchao takes per-row scales for bfloat16
+  weights only: a float16 model gets one scale per tensor, the same bytes and kernels to within
+  the scales). Every linear is ``torch._scaled_mm``: the card's fp8 systolic matmul with the
+  scales in its epilogue.
+* ``fp8-static`` - fp8 weights and fp8 activations, one scale per tensor each, the activation
+  scale fixed offline from calibration tokens (llm-compressor's ``FP8`` scheme: the static scaling
+  the real FP8 Granite checkpoints are served with). Calibration runs torchao's min-max observer
+  on each linear's input (``calibration``: token ids, by default 64 random ones, right for the
+  layout and the cost, not for accuracy); each weight is then torchao's static fp8 tensor
+  (``Float8StaticActivationFloat8WeightConfig``'s direct path): the input divided by its scale
+  and cast to fp8, no reduction over the activations at run time, then ``torch._scaled_mm``.
 * ``w8a8``  - int8 weights per channel, int8 activations per token (SmoothQuant-style W8A8):
   ``Int8DynamicActivationInt8WeightConfig``. The matmul is torchao's ``out_dtype(mm, int32)``,
   which the card runs as ``torch._int_mm`` (``vspyre.device.out_dtype``), dequantised after it.
@@ -42,6 +50,7 @@ class Scheme:
     activations: str      # what the matmul's activation operand is
     matmul: str           # the card kernel each linear becomes
     config: Callable[[torch.dtype], Any]     # torchao's config for weights of this dtype
+    static: bool = False  # activation scales calibrated before quantising (the config given one per linear)
 
 
 def _import_torchao() -> Any:
@@ -70,6 +79,12 @@ def _fp8(dtype: torch.dtype) -> Any:
     return q.Float8DynamicActivationFloat8WeightConfig(granularity=gran, set_inductor_config=False)
 
 
+def _fp8_static(dtype: torch.dtype) -> Any:
+    """The static config without its activation scale: :func:`quantize` calibrates one per linear."""
+    q = _import_torchao()
+    return q.Float8StaticActivationFloat8WeightConfig(granularity=q.PerTensor(), set_inductor_config=False)
+
+
 def _w8a8(dtype: torch.dtype) -> Any:
     q = _import_torchao()
     return q.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
@@ -84,6 +99,9 @@ SCHEMES: dict[str, Scheme] = {
     "fp8": Scheme("fp8", "float8_e4m3fn, one fp32 scale per output channel",
                   "float8_e4m3fn, one scale per token (dynamic)", "_scaled_mm at the fp8 rate, scales in the epilogue",
                   _fp8),
+    "fp8-static": Scheme("fp8-static", "float8_e4m3fn, one fp32 scale per tensor",
+                         "float8_e4m3fn, one scale per tensor calibrated offline (static: no reduction at run time)",
+                         "_scaled_mm at the fp8 rate, scales in the epilogue", _fp8_static, static=True),
     "w8a8": Scheme("w8a8", "int8, one scale per output channel", "int8, one scale per token (dynamic, symmetric)",
                    "_int_mm at the int8 rate, then the dequantisation", _w8a8),
     "w4a16": Scheme("w4a16", "int4 in groups of 128 (torchao's portable layout: one value per int8 byte), "
@@ -103,9 +121,12 @@ def _skipped(fqn: str, skip: tuple[str, ...]) -> bool:
     return any(fqn == s or fqn.endswith("." + s) for s in skip)
 
 
-def quantize(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_head",)) -> int:
+def quantize(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_head",),
+             calibration: torch.Tensor | Callable[[torch.nn.Module], Any] | None = None) -> int:
     """Quantise ``model``'s linears in place with scheme ``name`` (torchao's ``quantize_``), all
-    but those named in ``skip``; returns how many were quantised."""
+    but those named in ``skip``; returns how many were quantised. A static scheme first runs
+    ``calibration`` through the model (token ids, or a function of the model), by default 64
+    random token ids of the model's vocabulary."""
     sch = scheme(name)
     q = _import_torchao()
     todo = [fqn for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _skipped(fqn, skip)]
@@ -115,8 +136,47 @@ def quantize(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_hea
     dtype = model.get_submodule(todo[0]).weight.dtype
     from ._torchao import card_hardware_check
     with card_hardware_check(model):
-        q.quantize_(model, sch.config(dtype), filter_fn=lambda m, fqn: fqn in chosen)
+        if sch.static:
+            _quantize_static(model, todo, calibration)
+        else:
+            q.quantize_(model, sch.config(dtype), filter_fn=lambda m, fqn: fqn in chosen)
     return len(todo)
+
+
+def _calibrate(model: torch.nn.Module, calibration: Any) -> None:
+    if callable(calibration):
+        calibration(model)
+        return
+    if calibration is None:
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        if vocab is None:
+            raise QuantError(f"a static scheme needs calibration inputs for a {type(model).__name__} "
+                             "(no config.vocab_size to draw token ids from): pass calibration=")
+        g = torch.Generator().manual_seed(0)
+        calibration = torch.randint(0, vocab, (1, 64), generator=g)
+    device = next(model.parameters()).device
+    model(input_ids=calibration.to(device))
+
+
+def _quantize_static(model: torch.nn.Module, todo: list[str], calibration: Any) -> None:
+    """Calibrate each linear's activation scale with torchao's min-max observer, then quantise
+    it with that scale."""
+    from ._torchao import quantize_static_fp8, static_observer
+    observers = {fqn: static_observer() for fqn in todo}
+    hooks = [model.get_submodule(fqn).register_forward_pre_hook(lambda _, args, o=observers[fqn]: o(args[0]))
+             for fqn in todo]
+    try:
+        with torch.no_grad():
+            _calibrate(model, calibration)
+    finally:
+        for h in hooks:
+            h.remove()
+    for fqn in todo:
+        obs = observers[fqn]
+        if getattr(obs, "min_val", None) is None:
+            raise QuantError(f"{fqn}: the calibration inputs never reached this linear (no activation scale)")
+        scale, _ = obs.calculate_qparams()
+        quantize_static_fp8(model.get_submodule(fqn), scale.detach())
 
 
 def inner_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -137,19 +197,28 @@ def stored_bytes(t: torch.Tensor) -> int:
     return sum(i.numel() * i.element_size() for i in inner_tensors(t))
 
 
+def allocated_bytes(t: torch.Tensor) -> int:
+    """Device bytes a (possibly torchao-quantised) tensor takes: each inner tensor rounded up to
+    whole sticks, as the card's allocator gives them (a 4-byte per-tensor scale takes one stick)."""
+    stick = torch.spyre.get_device_properties().stick_bytes
+    return sum(-(-i.numel() * i.element_size() // stick) * stick for i in inner_tensors(t))
+
+
 _linear_cache: dict[tuple, int] = {}
 
 
 def linear_weight_bytes(out_features: int, in_features: int, dtype: torch.dtype, name: str) -> int:
-    """Bytes one ``[out, in]`` linear weight takes once quantised with ``name`` (quantised on the
-    card in estimate-only mode: torchao's own layout, no values, no memory kept)."""
+    """Device bytes one ``[out, in]`` linear weight takes once quantised with ``name`` (quantised
+    on the card in estimate-only mode: torchao's own layout, no values, no memory kept; each inner
+    tensor in whole sticks)."""
     key = (out_features, in_features, dtype, name)
     if key not in _linear_cache:
         with torch.spyre.estimate_only(True), torch.no_grad():
             lin = torch.nn.Linear(in_features, out_features, bias=False, device="meta", dtype=dtype)
             lin = lin.to_empty(device="spyre")
-            quantize(lin, name, skip=())
-            _linear_cache[key] = stored_bytes(lin.weight)
+            quantize(lin, name, skip=(), calibration=lambda m: m(torch.zeros(1, 1, in_features, dtype=dtype,
+                                                                               device="spyre")))
+            _linear_cache[key] = allocated_bytes(lin.weight)
             del lin
     return _linear_cache[key]
 
