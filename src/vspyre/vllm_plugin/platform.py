@@ -29,10 +29,17 @@ def quant_scheme(vllm_config: Any) -> str | None:
     q = extra.get("vspyre_quant") if isinstance(extra, dict) else None
     if q is None:
         return None
-    from ..quant import SCHEMES
-    if q not in SCHEMES:
-        _refuse(f"vspyre_quant {q!r} (the card's schemes: {', '.join(SCHEMES)})")
+    if q not in served_schemes():
+        _refuse(f"vspyre_quant {q!r} (the schemes the plugin serves: {', '.join(served_schemes())}; static "
+                "activation scales are calibrated through the model's forward, which paged attention runs only "
+                "inside an engine step)")
     return q
+
+
+def served_schemes() -> list[str]:
+    """The quantisation schemes the plugin applies at load: those without a calibration pass."""
+    from ..quant import SCHEMES
+    return [n for n, s in SCHEMES.items() if not s.static]
 
 
 def _refuse(what: str) -> None:
