@@ -29,17 +29,10 @@ def quant_scheme(vllm_config: Any) -> str | None:
     q = extra.get("vspyre_quant") if isinstance(extra, dict) else None
     if q is None:
         return None
-    if q not in served_schemes():
-        _refuse(f"vspyre_quant {q!r} (the schemes the plugin serves: {', '.join(served_schemes())}; static "
-                "activation scales are calibrated through the model's forward, which paged attention runs only "
-                "inside an engine step)")
-    return q
-
-
-def served_schemes() -> list[str]:
-    """The quantisation schemes the plugin applies at load: those without a calibration pass."""
     from ..quant import SCHEMES
-    return [n for n, s in SCHEMES.items() if not s.static]
+    if q not in SCHEMES:
+        _refuse(f"vspyre_quant {q!r} (the card's schemes: {', '.join(SCHEMES)})")
+    return q
 
 
 def _refuse(what: str) -> None:

@@ -435,11 +435,10 @@ def main(opts: Any) -> int:
     report = Report(label, engine, loads[0])
     # --quant A[,B]: the model as it is first (unless --no-baseline), then each scheme, every strategy
     quants = [q.strip() for q in (getattr(opts, "quant", None) or "").split(",") if q.strip()]
-    from .platform import served_schemes
-    bad = [q for q in quants if q not in served_schemes()]
+    from ..quant import SCHEMES
+    bad = [q for q in quants if q not in SCHEMES]
     if bad:
-        raise SystemExit(f"vspyre serve-estimate: --quant {bad[0]!r} is not served; one of {', '.join(served_schemes())}"
-                         " (static activation scales need a calibration pass the plugin does not run)")
+        raise SystemExit(f"vspyre serve-estimate: unknown --quant {bad[0]!r}; one of {', '.join(SCHEMES)}")
     variants = ([None] if not quants or not getattr(opts, "no_baseline", False) else []) + quants
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=opts.no_progress) as bar:
