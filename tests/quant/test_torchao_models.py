@@ -123,3 +123,27 @@ def test_static_fp8_calibrates_one_scale_per_linear_and_reduces_nothing_at_run_t
     assert counts["fp8"].get("aten::amax", 0) >= 14 and counts["fp8-static"].get("aten::amax", 0) == 0
     with pytest.raises(quant.QuantError, match="calibration inputs never reached"):
         quant.quantize(_model().to("spyre"), "fp8-static", calibration=lambda model: None)
+
+
+def test_static_fp8_over_a_symbolic_sum_of_token_counts_compiles():
+    """A serving step's tokens are ``decodes + chunk`` (two symbols): the static fp8 linear's
+    quantisation (a pointwise op over ``K * (s0 + s1)`` elements) cannot be proven to split into
+    the matmul's ``s0 + s1`` rows, so Inductor must not fuse it as the matmul's prologue (it did,
+    and failed at codegen with CantSplit); it becomes its own kernel and the result is exact."""
+    lin = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16).to("spyre")
+    quant.quantize(torch.nn.Sequential(lin), "fp8-static",
+                   calibration=lambda m: m(torch.randn(1, 8, 64, dtype=torch.bfloat16, device="spyre")))
+
+    def step(decodes, chunk):
+        return lin(torch.cat([decodes, chunk], 1))
+    g = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(1, n, 64, generator=g).to(torch.bfloat16).to("spyre") for n in (3, 5))
+    torch._dynamo.mark_dynamic(a, 1)
+    torch._dynamo.mark_dynamic(b, 1)
+    dynamo_reset()
+    torch.spyre.reset_fallback_stats()
+    with torch.no_grad():
+        want = step(a, b).cpu()
+        got = torch.compile(step, backend="inductor")(a, b).cpu()
+    assert torch.equal(got, want)
+    assert torch.spyre.fallback_stats() == {}

@@ -20,17 +20,43 @@ class SpyreScheduling(SIMDScheduling):
         # the ring); welford and softmax use Inductor's two-pass fallbacks.
         return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT, BackendFeature.TUPLE_REDUCTION])
 
+    @staticmethod
+    def _dot(nodes: Any) -> Any:
+        for node in nodes:
+            if isinstance(node, SchedulerNode) and isinstance(node.node, inductor_ir.ComputedBuffer) \
+                    and node.node.get_reduction_type() == "dot":
+                return node
+        return None
+
     @classmethod
     def select_tiling(cls, node_schedule: Any, numel: sympy.Expr, reduction_numel: sympy.Expr = sympy.S.One,
                       coalesce_analysis: Any = None) -> dict[str, sympy.Expr]:
         # A matmul (reduction "dot") keeps its (batch, M, N) x K ranges as the kernel's dims, so
         # the systolic Matmul sees its operands' M, N and K directly.
-        for node in node_schedule:
-            if isinstance(node, SchedulerNode) and isinstance(node.node, inductor_ir.ComputedBuffer) \
-                    and node.node.get_reduction_type() == "dot":
-                ranges, rranges = node.get_ranges()
-                return cls.create_tiling(ranges, rranges)
+        dot = cls._dot(node_schedule)
+        if dot is not None:
+            return cls.create_tiling(*dot.get_ranges())
         return cls.create_tiling([numel], [reduction_numel])
+
+    def can_fuse(self, node1: Any, node2: Any) -> bool:
+        """Inductor's rule, and: a group holding a matmul takes only nodes whose ranges split into
+        the matmul's (batch, M, N) x K dims (select_tiling). Inductor checks fused nodes against
+        the default tiling; with symbolic sizes such as a serving step's ``decodes + chunk``
+        tokens, a prologue of ``64*(s0 + s1)`` elements cannot be proven to split into ``s0 + s1``
+        rows (sympy does not factor the sum), and the fused kernel would fail at codegen
+        (CantSplit): such a node gets its own kernel instead."""
+        if not super().can_fuse(node1, node2):
+            return False
+        nodes = [*node1.get_nodes(), *node2.get_nodes()]
+        dot = self._dot(nodes)
+        if dot is None:
+            return True
+        ranges, rranges = dot.get_ranges()
+        _, (_, rnumel) = dot.group
+        return self.tiling_is_compatible(nodes, None, rnumel, self.create_tiling(ranges, rranges))
+
+    can_fuse_vertical = can_fuse
+    can_fuse_horizontal = can_fuse
 
     @classmethod
     def get_tiling_and_scores(cls, node_schedule: Any, numel: sympy.Expr, reduction_numel: sympy.Expr = sympy.S.One,
