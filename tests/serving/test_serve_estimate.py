@@ -115,22 +115,25 @@ def test_the_step_graph_does_not_depend_on_the_kv_cache_size(tiny_models, tmp_pa
 
 
 def test_quantised_serving_side_by_side(tiny_models, tmp_path):
-    """--quant fp8: the unquantised model's runs, then the fp8 model's (torchao on the card, through
-    vLLM's additional_config): smaller weights, a larger KV cache from the same memory, 0 host
-    fallbacks; a scheme the card lacks is refused by name."""
+    """--quant fp8,fp8-static: the unquantised model's runs, then each quantised model's (torchao on
+    the card, through vLLM's additional_config; fp8-static calibrated at load): smaller weights, a
+    larger KV cache from the same memory, 0 host fallbacks; a scheme the card lacks is refused by
+    name."""
     pytest.importorskip("torchao")
     from vspyre.cli import main
 
     rc = main(["serve-estimate", "--config", str(tiny_models["llama"]) + "/config.json", "--requests", "4",
                "--prompt", "40", "--output", "3", "--max-num-batched-tokens", "64", "--max-model-len", "256",
-               "--dtype", "bfloat16", "--quant", "fp8", "--backend", "inductor", "--batching", "continuous",
-               "--out", str(tmp_path), "--no-progress", "--no-plot"])
+               "--dtype", "bfloat16", "--quant", "fp8,fp8-static", "--backend", "inductor", "--batching",
+               "continuous", "--out", str(tmp_path), "--no-progress", "--no-plot"])
     assert rc == 0
     runs = json.loads((tmp_path / "serve-estimate-config.json").read_text())["runs"]
-    assert [(r["quant"], r["backend"]) for r in runs] == [(None, "inductor"), ("fp8", "inductor")]
-    base, fp8 = runs
-    assert fp8["weights_bytes"] < base["weights_bytes"]
+    assert [(r["quant"], r["backend"]) for r in runs] == [(None, "inductor"), ("fp8", "inductor"),
+                                                          ("fp8-static", "inductor")]
+    base, fp8, static = runs
+    assert fp8["weights_bytes"] < base["weights_bytes"] and static["weights_bytes"] < base["weights_bytes"]
     assert fp8["kv_cache_tokens"] >= base["kv_cache_tokens"]
+    # fp8-static calibrated at load (SDPA for the pass, paged attention after it) and served
     assert all(r["host_fallbacks"] == 0 and r["completed"] == 4 for r in runs)
     md = (tmp_path / "serve-estimate-config.md").read_text()
     assert "| fp8 " in md and "**fp8**: float8_e4m3fn" in md

@@ -79,11 +79,29 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     return torch.cat(outs).unsqueeze(0), None
 
 
+CALIBRATION_ATTENTION = "spyre_calibration"
+
+
+def calibration_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                  value: torch.Tensor, attention_mask: Any, scaling: float | None = None,
+                                  dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention over one sequence without a KV cache, for a calibration pass at load
+    (before the engine has block tables): PyTorch's SDPA, causal by itself, so no mask is built
+    (like the paged backend, it is not in transformers' mask registry: a mask would be built from
+    values an estimate-only card does not have). A sliding window is not applied: the pass is
+    shorter than any window the families have."""
+    groups = query.shape[1] // key.shape[1]
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(query, k, v, is_causal=True, scale=scaling)
+    return out.transpose(1, 2), None
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
 
     import vspyre.runtime.paged  # noqa: F401 - defines torch.ops.spyre.paged_attention
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
+    AttentionInterface.register(CALIBRATION_ATTENTION, calibration_attention_forward)
 
 
 def load(path: str, dtype: torch.dtype, device: torch.device, revision: str | None = None,

@@ -23,8 +23,9 @@ DEFAULT_MAX_SEQS = 32           # the decode batch (--max-num-seqs) when none is
 
 def quant_scheme(vllm_config: Any) -> str | None:
     """The quantisation the server asked for with ``--additional-config '{"vspyre_quant": "fp8"}'``
-    (vLLM's channel for platform settings): fp8, w8a8 or w4a16 (vspyre.quant: torchao's configs,
-    applied to the model on the card at load), or None."""
+    (vLLM's channel for platform settings): fp8, fp8-static, w8a8 or w4a16 (vspyre.quant:
+    torchao's configs, applied to the model on the card at load; fp8-static calibrated there on
+    random token ids), or None."""
     extra = getattr(vllm_config, "additional_config", None)
     q = extra.get("vspyre_quant") if isinstance(extra, dict) else None
     if q is None:

@@ -146,13 +146,30 @@ class SpyreModelRunner:
         self.quant = quant_scheme(self.vllm_config)
         if self.quant is not None:             # the linears quantised on the card (torchao's layouts)
             from .. import quant
+            static_scheme = quant.scheme(self.quant).static
+            if static_scheme and not self.estimate_only:
+                log.warning("vspyre: %s calibrates its activation scales on random token ids: right for the "
+                            "cost, not for accuracy (load a static FP8 checkpoint for its calibrated scales)",
+                            self.quant)
             with torch.no_grad():
-                quant.quantize(self.model, self.quant)
+                quant.quantize(self.model, self.quant, calibration=self._calibration_pass if static_scheme else None)
         self.weights_bytes = torch.spyre.memory_allocated(self.device) - m0 if on_card else None
         log.info("vspyre: loaded %s (%s, %s%s) on %s in %.1f s%s", self.model_config.model,
                  self.model_config.hf_config.model_type, self.dtype,
                  f", linears quantised {self.quant}" if self.quant else "", self.device, time.perf_counter() - t0,
                  " (estimate-only: from its config, memory accounted, no weights)" if self.estimate_only else "")
+
+    def _calibration_pass(self, model: torch.nn.Module) -> None:
+        """A static scheme's calibration: the model's own forward over 64 random token ids, with
+        plain causal attention for the pass (models.calibration_attention_forward: the paged
+        kernel needs an engine step's block tables and KV cache, which do not exist yet at load)."""
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.model_config.hf_config.vocab_size, (1, 64), generator=g).to(self.device)
+        model.set_attn_implementation(models.CALIBRATION_ATTENTION)
+        try:
+            model(input_ids=ids, use_cache=False)
+        finally:
+            model.set_attn_implementation(models.ATTN_IMPLEMENTATION)
 
     def layer_names(self) -> list[str]:
         return [f"model.layers.{i}.self_attn" for i in range(self.num_layers)]
