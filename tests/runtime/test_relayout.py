@@ -92,3 +92,15 @@ def test_stats_within_counts_only_the_given_tensors_storages():
     assert (s["entries"], s["in_place_bytes"], s["copies"], s["bytes"]) == (2, 4096, 1, 4096)
     assert relayout.stats()["in_place_bytes"] == 2 * 4096
     assert relayout.stats(within=[])["entries"] == 0
+
+
+def test_sweep_frees_the_copies_of_freed_tensors():
+    _fresh()
+    w = torch.zeros(256, 128, dtype=torch.float16, device="spyre")
+    before = torch.spyre.memory_allocated()
+    relayout.lookup(w, w.numel(), 128, w.numel() * 2)
+    relayout.read(w, w.numel())                                     # given its copy
+    assert torch.spyre.memory_allocated() == before + w.numel() * 2
+    del w                                                           # the copy stays until a sweep
+    relayout.sweep()
+    assert torch.spyre.memory_allocated() == before - 256 * 128 * 2 and not relayout.active()

@@ -256,13 +256,13 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     gc.collect()               # an earlier backend's model (held in reference cycles) is freed now, not mid-run
     counters.clear()
     torch.spyre.reset_fallback_stats()
-    relayout.stats()           # sweeps the re-laid copies of tensors freed since (the earlier model's)
+    relayout.sweep()           # the re-laid copies of tensors freed since (the earlier model's)
     mem0 = torch.spyre.memory_allocated()
     with torch.spyre.estimate_only(not opts.execute), torch.no_grad():
         model = _build(cfg, dtype, opts.execute, opts.tp, opts.quant)
         # swept first: re-laid copies of tensors freed while building (a static scheme's calibration
         # re-lays the 16-bit weights, which quantising then reads as stored and replaces)
-        relayout.stats()
+        relayout.sweep()
         weights = torch.spyre.memory_allocated() - mem0
         out["weights_bytes"] = weights
         advance("built")

@@ -23,7 +23,7 @@ Where the re-laid layout lives:
   tensors read both ways. Slices of one storage (a fused QKV weight split by views) re-laid over
   disjoint bytes are each re-laid in place.
 
-A copy is freed when its tensor is freed (swept at the next miss and by ``stats``), when a kernel
+A copy is freed when its tensor is freed (swept at the next miss, by ``stats`` and ``sweep``), when a kernel
 writes the tensor, or by ``clear``. Reads the runtime does not see (host fallbacks, copies to the
 host) do not make a copy.
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["lookup", "read", "invalidate", "clear", "stats", "active", "held_in_place"]
+__all__ = ["lookup", "read", "invalidate", "sweep", "clear", "stats", "active", "held_in_place"]
 
 _lock = threading.Lock()
 
@@ -164,6 +164,14 @@ def _drop(key: tuple) -> None:
 def _sweep() -> None:
     for key in [k for k, e in _cache.items() if e.ref.expired()]:
         _drop(key)
+
+
+def sweep() -> None:
+    """Drop the entries of tensors freed since the last sweep, freeing their copies' device memory
+    (done at every miss and by ``stats``; call it before reading ``torch.spyre.memory_allocated``
+    after tensors that were re-laid have been replaced, e.g. weights quantised after a pass)."""
+    with _lock:
+        _sweep()
 
 
 def clear() -> None:

@@ -153,6 +153,8 @@ class SpyreModelRunner:
                             self.quant)
             with torch.no_grad():
                 quant.quantize(self.model, self.quant, calibration=self._calibration_pass if static_scheme else None)
+            from ..runtime import relayout
+            relayout.sweep()                   # the calibration's re-laid copies of the replaced 16-bit weights
         self.weights_bytes = torch.spyre.memory_allocated(self.device) - m0 if on_card else None
         log.info("vspyre: loaded %s (%s, %s%s) on %s in %.1f s%s", self.model_config.model,
                  self.model_config.hf_config.model_type, self.dtype,
