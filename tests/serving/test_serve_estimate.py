@@ -134,7 +134,7 @@ def test_quantised_serving_side_by_side(tiny_models, tmp_path):
     assert fp8["weights_bytes"] < base["weights_bytes"]
     # per-tensor scales: no more than fp8's per-channel ones (the calibration's re-laid copies of the
     # replaced 16-bit weights are not counted)
-    assert static["weights_bytes"] <= fp8["weights_bytes"]
+    assert 0.95 * fp8["weights_bytes"] <= static["weights_bytes"] <= fp8["weights_bytes"]
     assert fp8["kv_cache_tokens"] >= base["kv_cache_tokens"]
     # fp8-static calibrated at load (SDPA for the pass, paged attention after it) and served
     assert all(r["host_fallbacks"] == 0 and r["completed"] == 4 for r in runs)

@@ -139,6 +139,8 @@ class SpyreModelRunner:
     def load_model(self) -> None:
         t0 = time.perf_counter()
         on_card = self.device.type == "spyre"
+        from ..runtime import relayout
+        relayout.sweep()                       # copies of an earlier engine's freed weights (one process, several runs)
         m0 = torch.spyre.memory_allocated(self.device) if on_card else 0
         self.model = models.load(self.model_config.model, self.dtype, self.device, self.model_config.revision,
                                  weights=not self.estimate_only)
@@ -153,7 +155,6 @@ class SpyreModelRunner:
                             self.quant)
             with torch.no_grad():
                 quant.quantize(self.model, self.quant, calibration=self._calibration_pass if static_scheme else None)
-            from ..runtime import relayout
             relayout.sweep()                   # the calibration's re-laid copies of the replaced 16-bit weights
         self.weights_bytes = torch.spyre.memory_allocated(self.device) - m0 if on_card else None
         log.info("vspyre: loaded %s (%s, %s%s) on %s in %.1f s%s", self.model_config.model,
