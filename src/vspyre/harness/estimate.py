@@ -260,9 +260,6 @@ def run_backend(cfg: Any, opts: Options, backend: str, advance=lambda label: Non
     mem0 = torch.spyre.memory_allocated()
     with torch.spyre.estimate_only(not opts.execute), torch.no_grad():
         model = _build(cfg, dtype, opts.execute, opts.tp, opts.quant)
-        # swept first: re-laid copies of tensors freed while building (a static scheme's calibration
-        # re-lays the 16-bit weights, which quantising then reads as stored and replaces)
-        relayout.sweep()
         weights = torch.spyre.memory_allocated() - mem0
         out["weights_bytes"] = weights
         advance("built")

@@ -143,6 +143,11 @@ def quantize(model: torch.nn.Module, name: str, skip: tuple[str, ...] = ("lm_hea
     return len(todo)
 
 
+def calibration_ids(vocab_size: int) -> torch.Tensor:
+    """The default calibration of a static scheme: 64 random token ids (seeded), ``[1, 64]``."""
+    return torch.randint(0, vocab_size, (1, 64), generator=torch.Generator().manual_seed(0))
+
+
 def _calibrate(model: torch.nn.Module, calibration: Any) -> None:
     if callable(calibration):
         calibration(model)
@@ -152,8 +157,7 @@ def _calibrate(model: torch.nn.Module, calibration: Any) -> None:
         if vocab is None:
             raise QuantError(f"a static scheme needs calibration inputs for a {type(model).__name__} "
                              "(no config.vocab_size to draw token ids from): pass calibration=")
-        g = torch.Generator().manual_seed(0)
-        calibration = torch.randint(0, vocab, (1, 64), generator=g)
+        calibration = calibration_ids(vocab)
     device = next(model.parameters()).device
     model(input_ids=calibration.to(device))
 
@@ -177,6 +181,10 @@ def _quantize_static(model: torch.nn.Module, todo: list[str], calibration: Any) 
             raise QuantError(f"{fqn}: the calibration inputs never reached this linear (no activation scale)")
         scale, _ = obs.calculate_qparams()
         quantize_static_fp8(model.get_submodule(fqn), scale.detach())
+    # the calibration re-laid the 16-bit weights just replaced (quantising read them as stored, so
+    # each held a copy): freed with them now, not at the runtime's next miss
+    from ..runtime import relayout
+    relayout.sweep()
 
 
 def inner_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:

@@ -189,9 +189,10 @@ def check_layout(path: str) -> dict[str, Layout]:
                 raise CheckpointError(
                     f"{where}: static activation scales per {kind}{_example(header, 'input_scale')}; the card's fp8 "
                     "loader takes static scales per tensor (strategy 'tensor') or dynamic ones per token")
-            if getattr(w.strategy, "value", w.strategy) != "tensor":
+            wkind = getattr(w.strategy, "value", w.strategy)
+            if wkind != "tensor":
                 raise CheckpointError(
-                    f"{where}: static activation scales with {getattr(w.strategy, 'value', w.strategy)}-wise weight "
+                    f"{where}: static activation scales with {wkind}-wise weight "
                     f"scales{_example(header, 'weight_scale')}: torchao's static fp8 takes one scale per tensor for "
                     "both operands (weights strategy 'tensor')")
         else:

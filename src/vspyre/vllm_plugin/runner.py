@@ -155,7 +155,6 @@ class SpyreModelRunner:
                             self.quant)
             with torch.no_grad():
                 quant.quantize(self.model, self.quant, calibration=self._calibration_pass if static_scheme else None)
-            relayout.sweep()                   # the calibration's re-laid copies of the replaced 16-bit weights
         self.weights_bytes = torch.spyre.memory_allocated(self.device) - m0 if on_card else None
         log.info("vspyre: loaded %s (%s, %s%s) on %s in %.1f s%s", self.model_config.model,
                  self.model_config.hf_config.model_type, self.dtype,
@@ -166,8 +165,8 @@ class SpyreModelRunner:
         """A static scheme's calibration: the model's own forward over 64 random token ids, with
         plain causal attention for the pass (models.calibration_attention_forward: the paged
         kernel needs an engine step's block tables and KV cache, which do not exist yet at load)."""
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, self.model_config.hf_config.vocab_size, (1, 64), generator=g).to(self.device)
+        from .. import quant
+        ids = quant.calibration_ids(self.model_config.hf_config.vocab_size).to(self.device)
         model.set_attn_implementation(models.CALIBRATION_ATTENTION)
         try:
             model(input_ids=ids, use_cache=False)
